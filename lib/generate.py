@@ -1,0 +1,58 @@
+"""Autoregressive generation, with and without the KV cache.
+
+Without a cache every step recomputes the whole sequence with the reference `forward`; with
+the cache the prompt is prefilled in one call and each step feeds one token (Pope et al. 2022).
+Both draw from the same seeded generator, so equal logits give equal tokens.
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+from .config import ModelConfig
+from .kv_cache import KVCache
+from .model import check_tokens, forward, forward_cached
+from .sampling import next_token, probs_from_logits
+from .tokenizer import decode, encode
+
+
+class Generation(NamedTuple):
+    tokens: np.ndarray  # (n_new,) the generated ids
+    logits: np.ndarray  # (n_new, V) the logits each one was drawn from
+
+
+def generate(params, cfg: ModelConfig, prompt, n_new: int, temperature: float = 0.0,
+             seed: int = 0, use_cache: bool = True) -> Generation:
+    """Generate n_new tokens after the prompt (token ids). Temperature 0 is greedy."""
+    prompt = check_tokens(prompt, cfg)
+    if not isinstance(n_new, (int, np.integer)) or n_new < 1:
+        raise ValueError(f"n_new must be a positive integer, got {n_new!r}")
+    if len(prompt) + n_new > cfg.block_size:
+        raise ValueError(f"prompt ({len(prompt)} tokens) plus generation ({n_new}) is longer than "
+                         f"the context of {cfg.block_size} positions")
+    probs_from_logits(np.zeros(1), temperature)  # validates the temperature before any work
+    rng = np.random.default_rng(seed)
+    out, logits = [], []
+    if use_cache:
+        cache = KVCache(cfg, len(prompt) + n_new)
+        step = forward_cached(params, cfg, prompt, cache)[-1]  # (V,) prefill
+    else:
+        seq = list(prompt)
+        step = forward(params, cfg, seq)[-1]  # (V,)
+    for i in range(n_new):
+        token = next_token(step, temperature, rng)
+        out.append(token)
+        logits.append(step)
+        if i == n_new - 1:
+            break
+        if use_cache:
+            step = forward_cached(params, cfg, [token], cache)[-1]  # (V,) one decode step
+        else:
+            seq.append(token)
+            step = forward(params, cfg, seq)[-1]  # (V,) full recompute
+    return Generation(np.array(out, dtype=np.int64), np.array(logits))
+
+
+def complete(params, cfg: ModelConfig, prompt: str, n_new: int, temperature: float = 0.0,
+             seed: int = 0, use_cache: bool = True) -> str:
+    """Text in, text out: the n_new characters the model writes after `prompt`."""
+    return decode(generate(params, cfg, encode(prompt), n_new, temperature, seed, use_cache).tokens)

@@ -1,0 +1,208 @@
+"""A GPT-2-shaped decoder in plain numpy functions (Radford et al. 2019; picoGPT's layout).
+
+Pre-LN blocks, learned position embeddings, a fused q|k|v projection and an output projection
+without bias, a 4x MLP with tanh-GELU, a final LayerNorm and an untied output head. Parameters
+are a flat dict keyed like the GPT-2 checkpoint (`h.0.attn.c_attn.weight`, ...).
+
+`forward` is the plain reference: it recomputes everything from the tokens and never changes.
+`forward_cached` appends 1..n tokens to a `KVCache` and returns their logits, so decoding one
+token, prefilling a prompt and verifying k draft tokens are the same call. Grouped-query
+attention (Ainslie et al. 2023) groups the query heads over shared K/V heads; K/V are never
+repeated.
+"""
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .config import ModelConfig
+from .kv_cache import KVCache
+
+WEIGHTS_DIR = Path(__file__).parent / "weights"
+
+
+# ----------------------------------------------------------------------------- building blocks
+
+def layer_norm(x, g, b, eps=1e-5):
+    mu = x.mean(axis=-1, keepdims=True)  # (..., 1)
+    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)  # (..., 1)
+    return (x - mu) / np.sqrt(var + eps) * g + b  # (..., C)
+
+
+def gelu(x):
+    """The tanh approximation used by GPT-2."""
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def attention(q, k, v):
+    """Causal attention of T new queries over S = start + T keys, the queries being the last T.
+
+    q: (H, T, D); k, v: (Hkv, S, D). Query head h reads K/V head h // G (G = H / Hkv).
+    """
+    H, T, D = q.shape
+    Hkv, S, _ = k.shape
+    G = H // Hkv
+    qg = q.reshape(Hkv, G * T, D)  # (Hkv, G*T, D): a group's queries side by side
+    att = qg @ k.transpose(0, 2, 1) * (1.0 / math.sqrt(D))  # (Hkv, G*T, S)
+    if T > 1:  # a single new token may see every cached position
+        future = np.arange(S)[None, :] > np.arange(S - T, S)[:, None]  # (T, S)
+        att = att.reshape(Hkv, G, T, S)
+        att[:, :, future] = -np.inf
+        att = att.reshape(Hkv, G * T, S)
+    y = softmax(att) @ v  # (Hkv, G*T, D)
+    return y.reshape(H, T, D)
+
+
+def split_qkv(qkv, cfg: ModelConfig):
+    """(T, C + 2*Hkv*D) -> q (H, T, D), k (Hkv, T, D), v (Hkv, T, D)."""
+    T = qkv.shape[0]
+    C, KV, D = cfg.n_embd, cfg.kv_dim, cfg.head_dim
+    q = qkv[:, :C].reshape(T, cfg.n_head, D).transpose(1, 0, 2)  # (H, T, D)
+    k = qkv[:, C:C + KV].reshape(T, cfg.n_kv_head, D).transpose(1, 0, 2)  # (Hkv, T, D)
+    v = qkv[:, C + KV:].reshape(T, cfg.n_kv_head, D).transpose(1, 0, 2)  # (Hkv, T, D)
+    return q, k, v
+
+
+def mlp(x, params, i):
+    p = f"h.{i}."
+    h = layer_norm(x, params[p + "ln_2.weight"], params[p + "ln_2.bias"])  # (T, C)
+    h = gelu(h @ params[p + "mlp.c_fc.weight"] + params[p + "mlp.c_fc.bias"])  # (T, 4C)
+    return h @ params[p + "mlp.c_proj.weight"] + params[p + "mlp.c_proj.bias"]  # (T, C)
+
+
+def embed(params, tokens, start):
+    T = len(tokens)
+    return params["wte.weight"][tokens] + params["wpe.weight"][start:start + T]  # (T, C)
+
+
+def head(params, x):
+    x = layer_norm(x, params["ln_f.weight"], params["ln_f.bias"])  # (T, C)
+    return x @ params["lm_head.weight"].T  # (T, V)
+
+
+# ----------------------------------------------------------------------------- checks
+
+def check_tokens(tokens, cfg: ModelConfig, start: int = 0) -> np.ndarray:
+    """Validate a 1-D sequence of token ids placed at positions start.. ; return it as int64."""
+    arr = np.asarray(tokens)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"tokens must be a non-empty 1-D sequence of ids, got shape {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"tokens must be integer ids, got dtype {arr.dtype}")
+    bad = (arr < 0) | (arr >= cfg.vocab_size)
+    if bad.any():
+        pos = int(np.argmax(bad))
+        raise ValueError(f"token id {int(arr[pos])} at index {pos} is outside the vocabulary 0..{cfg.vocab_size - 1}")
+    if start + arr.size > cfg.block_size:
+        raise ValueError(
+            f"positions {start}..{start + arr.size - 1} go past the context: the model has "
+            f"{cfg.block_size} learned positions (block_size)")
+    return arr.astype(np.int64, copy=False)
+
+
+# ----------------------------------------------------------------------------- forward passes
+
+def forward(params, cfg: ModelConfig, tokens) -> np.ndarray:
+    """Reference forward pass: logits (T, V) for every position, recomputed from scratch."""
+    tokens = check_tokens(tokens, cfg)
+    x = embed(params, tokens, 0)  # (T, C)
+    for i in range(cfg.n_layer):
+        p = f"h.{i}."
+        h = layer_norm(x, params[p + "ln_1.weight"], params[p + "ln_1.bias"])  # (T, C)
+        q, k, v = split_qkv(h @ params[p + "attn.c_attn.weight"], cfg)  # (H|Hkv, T, D)
+        y = attention(q, k, v).transpose(1, 0, 2).reshape(len(tokens), cfg.n_embd)  # (T, C)
+        x = x + y @ params[p + "attn.c_proj.weight"]  # (T, C)
+        x = x + mlp(x, params, i)  # (T, C)
+    return head(params, x)  # (T, V)
+
+
+def forward_cached(params, cfg: ModelConfig, new_tokens, cache: KVCache) -> np.ndarray:
+    """Append new tokens at positions cache.n.. and return their logits (T, V).
+
+    Everything is checked before the cache is touched, so a bad call leaves it as it was.
+    """
+    if cache.cfg.n_layer != cfg.n_layer or cache.cfg.n_kv_head != cfg.n_kv_head or cache.cfg.head_dim != cfg.head_dim:
+        raise ValueError(f"this KV cache was made for {cache.cfg}, not for {cfg}")
+    start = cache.n
+    tokens = check_tokens(new_tokens, cfg, start)
+    T = len(tokens)
+    cache.check_room(T)
+    x = embed(params, tokens, start)  # (T, C)
+    for i in range(cfg.n_layer):
+        p = f"h.{i}."
+        h = layer_norm(x, params[p + "ln_1.weight"], params[p + "ln_1.bias"])  # (T, C)
+        q, k, v = split_qkv(h @ params[p + "attn.c_attn.weight"], cfg)  # (H|Hkv, T, D)
+        cache.write(i, k, v)
+        k_all, v_all = cache.read(i, start + T)  # (Hkv, start+T, D)
+        y = attention(q, k_all, v_all).transpose(1, 0, 2).reshape(T, cfg.n_embd)  # (T, C)
+        x = x + y @ params[p + "attn.c_proj.weight"]  # (T, C)
+        x = x + mlp(x, params, i)  # (T, C)
+    cache.advance(T)
+    return head(params, x)  # (T, V)
+
+
+# ----------------------------------------------------------------------------- parameters
+
+def init_params(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> dict:
+    """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer)."""
+    rng = np.random.default_rng(seed)
+    params = {}
+    for name, shape in cfg.parameter_shapes().items():
+        if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+            params[name] = np.ones(shape, dtype)
+        elif name.endswith(".bias"):
+            params[name] = np.zeros(shape, dtype)
+        else:
+            std = 0.02 / math.sqrt(2 * cfg.n_layer) if name.endswith("c_proj.weight") else 0.02
+            params[name] = (rng.standard_normal(shape) * std).astype(dtype)
+    return params
+
+
+def save(params, cfg: ModelConfig, name: str, metadata: dict, folder=WEIGHTS_DIR) -> Path:
+    """Write <name>.npz (float32 parameters) and <name>.json (config and training record)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    np.savez(folder / f"{name}.npz", **{k: np.asarray(v, np.float32) for k, v in params.items()})
+    record = {"config": cfg.__dict__, **metadata}
+    (folder / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    return folder / f"{name}.npz"
+
+
+def load_metadata(name: str, folder=WEIGHTS_DIR) -> dict:
+    path = Path(folder) / f"{name}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise FileNotFoundError(f"weights metadata {path} is missing or corrupt ({err}); "
+                                f"retrain with `python -m lib.train {name}`") from None
+
+
+def load(name: str = "target", folder=WEIGHTS_DIR):
+    """Load shipped weights: returns (params, cfg). A missing or corrupt file says how to retrain."""
+    path = Path(folder) / f"{name}.npz"
+    retrain = f"retrain with `python -m lib.train {name}`"
+    meta = load_metadata(name, folder)
+    try:
+        cfg = ModelConfig(**meta["config"])
+        with np.load(path) as data:
+            params = {k: data[k] for k in data.files}
+    except FileNotFoundError:
+        raise FileNotFoundError(f"weights file {path} is missing; {retrain}") from None
+    except Exception as err:  # zip, pickle and key errors all mean the same thing to a reader
+        raise ValueError(f"weights file {path} is corrupt ({type(err).__name__}: {err}); {retrain}") from None
+    expected = cfg.parameter_shapes()
+    if set(params) != set(expected):
+        missing, extra = sorted(set(expected) - set(params)), sorted(set(params) - set(expected))
+        raise ValueError(f"weights file {path} does not match its config (missing {missing[:3]}, "
+                         f"unexpected {extra[:3]}); {retrain}")
+    for key, shape in expected.items():
+        if params[key].shape != shape or not np.isfinite(params[key]).all():
+            raise ValueError(f"weights file {path} is corrupt: {key} has shape {params[key].shape}, "
+                             f"expected {shape}, or non-finite values; {retrain}")
+    return params, cfg
