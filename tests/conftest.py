@@ -1,0 +1,24 @@
+import numpy as np
+import pytest
+
+from lib.config import DRAFT, TARGET, ModelConfig
+from lib.model import init_params
+
+GQA = ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=64)
+MQA = ModelConfig(n_layer=2, n_head=4, n_kv_head=1, n_embd=32, block_size=64)
+CONFIGS = {"target": TARGET, "draft": DRAFT, "gqa": GQA, "mqa": MQA}
+
+
+def perturbed_params(cfg, seed=0):
+    """Random parameters with non-trivial LayerNorm gains and biases (init leaves them 1 and 0)."""
+    params = init_params(cfg, seed)
+    rng = np.random.default_rng(seed + 1)
+    for name, value in params.items():
+        value += (rng.standard_normal(value.shape) * 0.05).astype(value.dtype)
+    return params
+
+
+@pytest.fixture(scope="session", params=sorted(CONFIGS))
+def model(request):
+    cfg = CONFIGS[request.param]
+    return perturbed_params(cfg), cfg

@@ -1,0 +1,123 @@
+"""Every bad input gets a clear error that names the problem, and leaves the cache as it was."""
+import json
+
+import numpy as np
+import pytest
+
+from lib.config import DRAFT, ModelConfig
+from lib.generate import generate
+from lib.kv_cache import KVCache
+from lib.model import forward, forward_cached, load, save
+from lib.sampling import probs_from_logits, sample
+
+from conftest import perturbed_params
+
+PARAMS = perturbed_params(DRAFT)
+
+
+def test_cache_overflow_says_capacity_and_request():
+    cache = KVCache(DRAFT, max_len=10)
+    forward_cached(PARAMS, DRAFT, np.arange(8), cache)
+    with pytest.raises(ValueError, match="holds 10 positions, 8 are used and 3 more were asked"):
+        forward_cached(PARAMS, DRAFT, np.arange(3), cache)
+    assert cache.n == 8
+
+
+def test_positions_past_block_size():
+    with pytest.raises(ValueError, match=r"positions 0\.\.512 go past the context.*512 learned positions"):
+        forward(PARAMS, DRAFT, np.zeros(513, dtype=int))
+    cache = KVCache(DRAFT)
+    forward_cached(PARAMS, DRAFT, np.zeros(510, dtype=int), cache)
+    with pytest.raises(ValueError, match=r"positions 510\.\.512 go past the context"):
+        forward_cached(PARAMS, DRAFT, np.zeros(3, dtype=int), cache)
+    assert cache.n == 510
+
+
+def test_bad_tokens_do_not_touch_the_cache():
+    cache = KVCache(DRAFT, 16)
+    forward_cached(PARAMS, DRAFT, np.arange(4), cache)
+    before = [k.copy() for k in cache.k]
+    for bad, message in [([1, 96], "token id 96 at index 1"), ([-1], "token id -1"), ([], "non-empty"),
+                         ([[1, 2]], "1-D"), ([1.5], "integer ids")]:
+        with pytest.raises(ValueError, match=message):
+            forward_cached(PARAMS, DRAFT, np.array(bad), cache)
+    assert cache.n == 4 and all((a == b).all() for a, b in zip(before, cache.k))
+
+
+def test_cache_of_another_model_is_refused():
+    with pytest.raises(ValueError, match="this KV cache was made for"):
+        forward_cached(PARAMS, DRAFT, [1], KVCache(ModelConfig(2, 2, 2, 48)))
+
+
+def test_truncate_past_n():
+    cache = KVCache(DRAFT, 16)
+    forward_cached(PARAMS, DRAFT, np.arange(5), cache)
+    with pytest.raises(ValueError, match="cannot truncate the KV cache to 6: it holds 5 positions"):
+        cache.truncate(6)
+    with pytest.raises(ValueError, match="cannot truncate"):
+        cache.truncate(-1)
+
+
+def test_bad_cache_arguments():
+    with pytest.raises(ValueError, match="max_len must be an integer in 1..512"):
+        KVCache(DRAFT, 513)
+    with pytest.raises(ValueError, match="float32 or float16"):
+        KVCache(DRAFT, 8, dtype=np.int32)
+
+
+def test_bad_config():
+    with pytest.raises(ValueError, match="n_head=4 is not divisible by n_kv_head=3"):
+        ModelConfig(1, 4, 3, 32)
+    with pytest.raises(ValueError, match="n_embd=30 is not divisible by n_head=4"):
+        ModelConfig(1, 4, 4, 30)
+
+
+def test_negative_temperature():
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        probs_from_logits(np.zeros(4), -0.1)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        generate(PARAMS, DRAFT, [1, 2], 3, temperature=-1)
+
+
+def test_probabilities_that_do_not_sum_to_one():
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="probabilities sum to 2, not 1"):
+        sample(np.array([1.0, 1.0]), rng)
+    with pytest.raises(ValueError, match="non-negative"):
+        sample(np.array([1.5, -0.5]), rng)
+
+
+def test_prompt_plus_generation_longer_than_context():
+    with pytest.raises(ValueError, match=r"prompt \(500 tokens\) plus generation \(13\) is longer than the context of 512"):
+        generate(PARAMS, DRAFT, np.zeros(500, dtype=int), 13)
+
+
+def test_missing_weights_say_how_to_retrain(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"python -m lib.train target"):
+        load("target", folder=tmp_path)
+    save(PARAMS, DRAFT, "draft", {"note": "test"}, folder=tmp_path)
+    (tmp_path / "draft.npz").unlink()
+    with pytest.raises(FileNotFoundError, match=r"draft.npz is missing; retrain with `python -m lib.train draft`"):
+        load("draft", folder=tmp_path)
+
+
+def test_corrupt_weights_say_how_to_retrain(tmp_path):
+    save(PARAMS, DRAFT, "draft", {}, folder=tmp_path)
+    params, cfg = load("draft", folder=tmp_path)
+    assert cfg == DRAFT and all((params[k] == PARAMS[k]).all() for k in PARAMS)
+    data = (tmp_path / "draft.npz").read_bytes()
+    (tmp_path / "draft.npz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"draft.npz is corrupt.*python -m lib.train draft"):
+        load("draft", folder=tmp_path)
+    (tmp_path / "draft.json").write_text("{not json")
+    with pytest.raises(FileNotFoundError, match=r"draft.json is missing or corrupt.*python -m lib.train draft"):
+        load("draft", folder=tmp_path)
+
+
+def test_weights_that_do_not_match_their_config(tmp_path):
+    save(PARAMS, DRAFT, "draft", {}, folder=tmp_path)
+    meta = json.loads((tmp_path / "draft.json").read_text())
+    meta["config"]["n_layer"] = 2
+    (tmp_path / "draft.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="does not match its config"):
+        load("draft", folder=tmp_path)

@@ -1,0 +1,60 @@
+"""Sampling and generation: greedy at temperature 0, seeded, distributed as the softmax says."""
+import numpy as np
+import pytest
+from scipy import stats
+
+from lib.config import DRAFT, TARGET
+from lib.generate import complete, generate
+from lib.sampling import probs_from_logits, sample
+
+from conftest import perturbed_params
+
+
+def tvd(a, b):
+    return 0.5 * np.abs(a - b).sum()
+
+
+def tvd_noise_floor(p, n):
+    """Expected TVD between p and the empirical distribution of n samples from it (normal approx.)."""
+    return 0.5 * np.sum(np.sqrt(2 * p * (1 - p) / (np.pi * n)))
+
+
+def test_temperature_zero_is_one_hot_argmax():
+    logits = np.array([0.1, 2.0, -1.0, 1.9])
+    np.testing.assert_array_equal(probs_from_logits(logits, 0), [0, 1, 0, 0])
+
+
+def test_temperature_scales_logits():
+    logits = np.array([0.0, 1.0, 3.0])
+    p = probs_from_logits(logits, 0.5)
+    np.testing.assert_allclose(p, np.exp(2 * logits) / np.exp(2 * logits).sum())
+
+
+def test_samples_follow_the_distribution():
+    p = probs_from_logits(np.random.default_rng(1).standard_normal(96) * 2, 1.0)
+    n = 200_000
+    rng = np.random.default_rng(0)
+    counts = np.bincount([sample(p, rng) for _ in range(n)], minlength=96)
+    assert tvd(counts / n, p) < 2 * tvd_noise_floor(p, n)
+    keep = p * n >= 5  # chi-square needs expected counts of at least 5
+    observed = np.append(counts[keep], counts[~keep].sum())
+    expected = np.append(p[keep], p[~keep].sum()) * n
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("cfg", [TARGET, DRAFT], ids=["target", "draft"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_same_tokens_with_and_without_cache(cfg, temperature):
+    params = perturbed_params(cfg, seed=5)
+    prompt = np.arange(24) * 5 % 96
+    cached = generate(params, cfg, prompt, 40, temperature, seed=7)
+    plain = generate(params, cfg, prompt, 40, temperature, seed=7, use_cache=False)
+    np.testing.assert_array_equal(cached.tokens, plain.tokens)
+    assert np.abs(cached.logits - plain.logits).max() < 1e-5
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens():
+    params = perturbed_params(TARGET, seed=2)
+    a = complete(params, TARGET, "def f(x):", 60, 1.0, seed=11)
+    assert a == complete(params, TARGET, "def f(x):", 60, 1.0, seed=11)
+    assert a != complete(params, TARGET, "def f(x):", 60, 1.0, seed=12)
