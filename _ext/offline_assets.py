@@ -1,0 +1,80 @@
+"""Serve the widget manager, require.js and MathJax from the built site, so the book works offline.
+
+At set-up the three packages are fetched once from the npm registry (`npm pack`) into
+assets/vendor/ (not committed). When they are present, this extension points myst-nb's
+`nb_ipywidgets_js` and Sphinx's `mathjax_path` at the copies under _static/vendor/ and copies
+the widget manager's font files next to every page (they are requested relative to the page).
+When they cannot be fetched, the build still works with the public CDN defaults.
+"""
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+from sphinx.util import logging
+
+logger = logging.getLogger(__name__)
+ROOT = Path(__file__).resolve().parent.parent
+VENDOR = ROOT / "assets" / "vendor"
+PACKAGES = {  # npm package -> (folder inside the tarball to keep, folder under vendor/)
+    "@jupyter-widgets/html-manager@1.0.6": ("package/dist", "html-manager"),
+    "requirejs@2.3.7": ("package", "requirejs"),
+    "mathjax@3.2.2": ("package/es5", "mathjax"),
+}
+FONT_SUFFIXES = (".woff", ".woff2", ".ttf", ".eot", ".svg")
+FONT_PATH = "@jupyter-widgets/html-manager/dist"  # the manager asks for its fonts relative to the page
+SAFE_EXTRACT = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+
+
+def fetch(vendor: Path = VENDOR) -> bool:
+    """Download and unpack the packages once; False (and the CDN is used) if that fails."""
+    if all((vendor / dest).is_dir() for _, dest in PACKAGES.values()):
+        return True
+    npm = shutil.which("npm")
+    if npm is None:
+        logger.info("offline_assets: npm not found, the book will load widgets and MathJax from the CDN")
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        for spec, (inner, dest) in PACKAGES.items():
+            try:
+                out = subprocess.run([npm, "pack", spec, "--silent"], cwd=tmp, capture_output=True,
+                                     text=True, timeout=180, check=True).stdout.split()[-1]
+            except (subprocess.SubprocessError, IndexError, OSError) as err:
+                logger.info(f"offline_assets: could not fetch {spec} ({err}); using the CDN")
+                return False
+            with tarfile.open(Path(tmp) / out) as tar:
+                tar.extractall(Path(tmp) / dest, **SAFE_EXTRACT)
+            target = vendor / dest
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(Path(tmp) / dest / inner, target)
+    return True
+
+
+def configure(app, config):
+    if not fetch():
+        return
+    config.html_static_path = list(config.html_static_path) + [str(ROOT / "assets")]
+    config.nb_ipywidgets_js = {
+        "vendor/requirejs/require.js": {},
+        "vendor/html-manager/embed-amd.js": {"data-jupyter-widgets-cdn": "vendor/"},
+    }
+    config.mathjax_path = "vendor/mathjax/tex-chtml.js"
+
+
+def copy_fonts(app, exception):
+    """Put the widget manager's font files where pages request them: <page folder>/FONT_PATH."""
+    if exception is not None or app.builder.format != "html" or not (VENDOR / "html-manager").is_dir():
+        return
+    fonts = [f for f in (VENDOR / "html-manager").iterdir() if f.suffix in FONT_SUFFIXES]
+    out = Path(app.outdir)
+    for folder in {p.parent for p in out.rglob("*.html") if "_static" not in p.parts}:
+        (folder / FONT_PATH).mkdir(parents=True, exist_ok=True)
+        for font in fonts:
+            shutil.copy2(font, folder / FONT_PATH / font.name)
+
+
+def setup(app):
+    app.connect("config-inited", configure, priority=100)  # before myst-nb reads its config
+    app.connect("build-finished", copy_fonts)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,10 @@
+"""The engine of the book: a small numpy GPT-2-shaped model and the techniques that make its
+inference fast. Every chapter imports it; see DESIGN in the README for one module per idea."""
+from .config import DRAFT, TARGET, ModelConfig
+from .generate import Generation, complete, generate
+from .kv_cache import KVCache
+from .model import forward, forward_cached, load, load_metadata
+from .tokenizer import decode, encode
+
+__all__ = ["DRAFT", "TARGET", "ModelConfig", "Generation", "complete", "generate", "KVCache",
+           "forward", "forward_cached", "load", "load_metadata", "decode", "encode"]

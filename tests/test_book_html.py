@@ -1,0 +1,114 @@
+"""The rendered book: sliders switch plots in a real browser without a kernel, and no page
+loads a script, style, font or image from another host."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+EXTERNAL = re.compile(r"""<(?:script|link|img|iframe|source)\b[^>]*?\b(?:src|href)\s*=\s*["']((?:https?:)?//[^"']+)""", re.I)
+CSS_EXTERNAL = re.compile(r"""url\(\s*["']?((?:https?:)?//[^)"']+)""", re.I)
+
+SLIDER_CELL = '''
+import matplotlib.pyplot as plt
+from lib.widgets import slider_plot
+
+def figure(k):
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.bar(range(k), range(1, k + 1))
+    ax.set_title(f"k = {k}")
+    return fig
+
+slider_plot(figure, {"k": [1, 2, 3, 4, 5]})
+'''
+
+
+def external_urls(html_dir: Path):
+    """(file, url) for every script/link/img/iframe and CSS url() that points at another host."""
+    found = []
+    for path in html_dir.rglob("*.html"):
+        found += [(path.name, url) for url in EXTERNAL.findall(path.read_text(errors="replace"))]
+    for path in html_dir.rglob("*.css"):
+        found += [(path.name, url) for url in CSS_EXTERNAL.findall(path.read_text(errors="replace"))]
+    return found
+
+
+@pytest.fixture(scope="module")
+def slider_site(tmp_path_factory):
+    """A one-page book with a slider and some math, built with the project's own configuration."""
+    src = tmp_path_factory.mktemp("slider_book")
+    config = (ROOT / "_config.yml").read_text().replace("./_ext", str(ROOT / "_ext"))
+    (src / "_config.yml").write_text(config)
+    (src / "_toc.yml").write_text("format: jb-book\nroot: slider\n")
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# A slider\n\nMath renders offline: $e^{i\\pi} + 1 = 0$."),
+        nbformat.v4.new_code_cell(SLIDER_CELL)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, src / "slider.ipynb")
+    build = subprocess.run([sys.executable, "-m", "jupyter_book", "build", "--all", "-W", "--keep-going", str(src)],
+                           capture_output=True, text=True, timeout=600)
+    if build.returncode != 0:
+        build = subprocess.run(["jupyter-book", "build", "--all", "-W", "--keep-going", str(src)],
+                               capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    return src / "_build" / "html"
+
+
+def test_slider_page_loads_nothing_from_other_hosts(slider_site):
+    assert external_urls(slider_site) == []
+
+
+def test_built_book_loads_nothing_from_other_hosts():
+    site = ROOT / "_build" / "html"
+    if not (site / "index.html").exists():
+        pytest.skip("the book has not been built (jupyter-book build --all -W --keep-going .)")
+    assert external_urls(site) == []
+
+
+def test_external_url_scan_finds_cdn_scripts(tmp_path):
+    (tmp_path / "a.html").write_text('<script src="https://cdn.example.org/x.js"></script><a href="https://ok.example">x</a>')
+    (tmp_path / "b.css").write_text("@font-face { src: url('//fonts.example/f.woff') }")
+    assert external_urls(tmp_path) == [("a.html", "https://cdn.example.org/x.js"), ("b.css", "//fonts.example/f.woff")]
+
+
+def test_slider_switches_the_plot_in_a_browser(slider_site):
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("Chromium is required in CI (apt-get install chromium)")
+        pytest.skip("Chromium not installed (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    requests = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        page = browser.new_page()
+        page.on("request", lambda r: requests.append(r.url))
+        failed = []
+        page.on("requestfailed", lambda r: failed.append(r.url))
+        page.goto((slider_site / "slider.html").as_uri())
+        image = page.locator(".widget-image:visible").first
+        image.wait_for(timeout=30_000)
+        before = image.screenshot()
+        assert page.locator(".widget-readout").first.inner_text() == "1"
+        handle = page.locator(".noUi-handle").first
+        handle.focus()
+        for _ in range(3):
+            handle.press("ArrowRight")
+        page.wait_for_timeout(500)
+        assert page.locator(".widget-readout").first.inner_text() == "4"
+        after = page.locator(".widget-image:visible").first.screenshot()
+        math = page.locator("mjx-container").count()
+        browser.close()
+    assert before != after, "moving the slider did not change the image"
+    assert math >= 1, "MathJax did not render the formula"
+    assert failed == [], f"requests failed: {failed}"
+    assert all(url.startswith(("file:", "data:", "blob:")) for url in requests), \
+        [u for u in requests if not u.startswith(("file:", "data:", "blob:"))]
