@@ -23,7 +23,8 @@ PACKAGES = {  # npm package -> (folder inside the tarball to keep, folder under 
     "mathjax@3.2.2": ("package/es5", "mathjax"),
 }
 FONT_SUFFIXES = (".woff", ".woff2", ".ttf", ".eot", ".svg")
-FONT_PATH = "@jupyter-widgets/html-manager/dist"  # the manager asks for its fonts relative to the page
+# The manager's webpack chunks ask for fonts relative to the page, under their AMD module ids.
+FONT_PATHS = ("@jupyter-widgets", "@jupyter-widgets/html-manager/dist")
 SAFE_EXTRACT = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
 
 
@@ -63,15 +64,16 @@ def configure(app, config):
 
 
 def copy_fonts(app, exception):
-    """Put the widget manager's font files where pages request them: <page folder>/FONT_PATH."""
+    """Put the widget manager's font files where pages request them: <page folder>/FONT_PATHS."""
     if exception is not None or app.builder.format != "html" or not (VENDOR / "html-manager").is_dir():
         return
     fonts = [f for f in (VENDOR / "html-manager").iterdir() if f.suffix in FONT_SUFFIXES]
     out = Path(app.outdir)
     for folder in {p.parent for p in out.rglob("*.html") if "_static" not in p.parts}:
-        (folder / FONT_PATH).mkdir(parents=True, exist_ok=True)
-        for font in fonts:
-            shutil.copy2(font, folder / FONT_PATH / font.name)
+        for sub in FONT_PATHS:
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+            for font in fonts:
+                shutil.copy2(font, folder / sub / font.name)
 
 
 def setup(app):
