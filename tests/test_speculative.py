@@ -1,0 +1,116 @@
+"""Speculative sampling leaves the target's distribution unchanged: exactly in closed form,
+by sampling against the noise floor, and greedy-equal at temperature 0."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra.numpy import arrays
+from scipy import stats
+
+from lib.config import DRAFT, TARGET, ModelConfig
+from lib.generate import generate
+from lib.model import forward
+from lib.sampling import probs_from_logits
+from lib.speculative import (expected_speedup, expected_tokens_per_call, speculative_generate,
+                             step_distribution)
+
+from conftest import perturbed_params
+
+logits = arrays(np.float64, 12, elements=st.floats(-8, 8))
+
+
+@settings(max_examples=200)
+@given(logits, logits, st.floats(0.2, 3.0))
+def test_one_step_distribution_is_exactly_p(zp, zq, temperature):
+    p, q = probs_from_logits(zp, temperature), probs_from_logits(zq, temperature)
+    np.testing.assert_allclose(step_distribution(p, q), p, atol=1e-12, rtol=0)
+
+
+def test_one_step_distribution_with_disjoint_supports_and_equal_inputs():
+    p, q = np.array([0.5, 0.5, 0, 0]), np.array([0, 0, 0.25, 0.75])
+    np.testing.assert_allclose(step_distribution(p, q), p, atol=1e-15)
+    np.testing.assert_allclose(step_distribution(p, p), p, atol=1e-15)
+
+
+TARGET_PAIR = (perturbed_params(TARGET, seed=21), TARGET)
+DRAFT_PAIR = (perturbed_params(DRAFT, seed=22), DRAFT)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
+def test_temperature_zero_equals_greedy_target(k):
+    prompt = np.arange(10) * 7 % 96
+    greedy = generate(*TARGET_PAIR, prompt, 50).tokens
+    tokens, st_ = speculative_generate(TARGET_PAIR, DRAFT_PAIR, prompt, 50, k=k, temperature=0)
+    np.testing.assert_array_equal(tokens, greedy)
+    assert st_.target_calls == st_.rounds and st_.accepted <= st_.judged <= st_.drafted
+    assert st_.emitted >= 50 and st_.draft_calls == st_.drafted
+
+
+def test_identical_draft_accepts_everything():
+    tokens, s = speculative_generate(TARGET_PAIR, TARGET_PAIR, np.arange(5), 40, k=4, temperature=1.0, seed=3)
+    assert s.alpha == 1.0 and s.tokens_per_call == pytest.approx(5.0) and len(tokens) == 40
+
+
+# Tiny models over a 4-token vocabulary, so the joint distribution of the next two tokens has
+# 16 outcomes that can be computed exactly from the target's forward pass.
+TINY_T = ModelConfig(n_layer=1, n_head=2, n_kv_head=1, n_embd=8, block_size=16, vocab_size=4)
+TINY_D = ModelConfig(n_layer=1, n_head=1, n_kv_head=1, n_embd=4, block_size=16, vocab_size=4)
+
+
+def tiny(cfg, seed, scale):
+    params = perturbed_params(cfg, seed)
+    params["lm_head.weight"] *= scale  # sharper logits, so p and q really differ
+    return params, cfg
+
+
+def exact_joint(pair, prompt, temperature):
+    params, cfg = pair
+    p1 = probs_from_logits(forward(params, cfg, prompt)[-1], temperature)
+    joint = np.zeros((4, 4))
+    for a in range(4):
+        p2 = probs_from_logits(forward(params, cfg, np.append(prompt, a))[-1], temperature)
+        joint[a] = p1[a] * p2
+    return joint.reshape(-1)
+
+
+def chi_square_pvalue(samples, expected_probs):
+    counts = np.bincount(samples, minlength=16)
+    return stats.chisquare(counts, expected_probs * len(samples)).pvalue
+
+
+def test_two_token_joint_distribution_matches_target_sampling():
+    target, draft = tiny(TINY_T, 1, 40.0), tiny(TINY_D, 2, 40.0)
+    prompt, temperature, n = np.array([1, 3, 0]), 1.0, 6000
+    expected = exact_joint(target, prompt, temperature)
+    draft_only = exact_joint(draft, prompt, temperature)
+    assert 0.5 * np.abs(expected - draft_only).sum() > 0.2  # the draft alone is clearly different
+    spec = [4 * a + b for a, b in (speculative_generate(target, draft, prompt, 2, k=2, temperature=temperature,
+                                                        seed=s)[0] for s in range(n))]
+    assert chi_square_pvalue(np.array(spec), expected) > 1e-3
+    # The same statistic has the power to see the draft's distribution: it would fail there.
+    draft_samples = np.random.default_rng(0).choice(16, size=n, p=draft_only)
+    assert chi_square_pvalue(draft_samples, expected) < 1e-6
+
+
+def test_formulas():
+    assert expected_tokens_per_call(0.0, 5) == 1.0
+    assert expected_tokens_per_call(1.0, 5) == 6.0
+    assert expected_tokens_per_call(0.5, 2) == pytest.approx(1.75)
+    assert expected_speedup(0.5, 2, 0.25) == pytest.approx(1.75 / 1.5)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"k": 0}, r"k \(draft tokens per round\) must be an integer >= 1, got 0"),
+    ({"k": 2.5}, "must be an integer >= 1"),
+    ({"temperature": -0.5}, "temperature must be >= 0"),
+    ({"n_new": 600}, "longer than the context of 512"),
+])
+def test_bad_arguments(kwargs, message):
+    args = {"k": 2, "temperature": 1.0, "n_new": 10} | kwargs
+    with pytest.raises(ValueError, match=message):
+        speculative_generate(TARGET_PAIR, DRAFT_PAIR, [1, 2, 3], **args)
+
+
+def test_draft_with_another_vocabulary_is_refused():
+    other = ModelConfig(n_layer=1, n_head=2, n_kv_head=2, n_embd=48, vocab_size=100)
+    with pytest.raises(ValueError, match="share a vocabulary: the target has 96 tokens, the draft 100"):
+        speculative_generate(TARGET_PAIR, (perturbed_params(other), other), [1, 2], 5)
