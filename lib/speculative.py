@@ -54,12 +54,12 @@ class SpecStats:
     emitted: int = 0
     target_calls: int = 0
     draft_calls: int = 0
-    judged_at: list = field(default_factory=list)  # per draft position i: times it was judged
-    accepted_at: list = field(default_factory=list)  # per draft position i: times it was accepted
+    drafted_at: list = field(default_factory=list)  # per draft position i: times it was drafted
+    judged_at: list = field(default_factory=list)  # ... times it reached the accept/reject test
+    accepted_at: list = field(default_factory=list)  # ... times it was accepted
 
     def __post_init__(self):
-        self.judged_at = [0] * self.k
-        self.accepted_at = [0] * self.k
+        self.drafted_at, self.judged_at, self.accepted_at = [0] * self.k, [0] * self.k, [0] * self.k
 
     @property
     def alpha(self) -> float:
@@ -72,9 +72,8 @@ class SpecStats:
 
     @property
     def acceptance_by_position(self) -> np.ndarray:
-        """P(draft token i accepted | tokens before it accepted), per position i."""
-        judged = np.maximum(np.array(self.judged_at), 1)
-        return np.array(self.accepted_at) / judged
+        """P(draft token i accepted), per position i: alpha^(i+1) if acceptances were independent."""
+        return np.array(self.accepted_at) / np.maximum(np.array(self.drafted_at), 1)
 
 
 def check_pair(target_cfg: ModelConfig, draft_cfg: ModelConfig, k) -> None:
@@ -85,29 +84,77 @@ def check_pair(target_cfg: ModelConfig, draft_cfg: ModelConfig, k) -> None:
         raise ValueError(f"k (draft tokens per round) must be an integer >= 1, got {k!r}")
 
 
-class _Stream:
-    """One model's cache plus the tokens it has not read yet."""
+class ModelDrafter:
+    """Drafts with a small model: its own KV cache, sampling each token from its q."""
 
-    def __init__(self, params, cfg, tokens, max_len):
-        self.params, self.cfg = params, cfg
+    def __init__(self, params, cfg, prompt, max_len, temperature):
+        self.params, self.cfg, self.temperature = params, cfg, temperature
         self.cache = KVCache(cfg, max_len)
-        self.pending = list(tokens)
+        self.pending = list(prompt[:-1])  # tokens the draft has not read yet
+        self.calls = 0
 
-    def feed(self, extra=()):
-        """Read the pending tokens (and extra ones) in one call; return the logits of every one fed."""
-        tokens, self.pending = self.pending + list(extra), []
-        return forward_cached(self.params, self.cfg, np.array(tokens), self.cache)  # (T, V)
+    def propose(self, last, k, rng):
+        """k tokens after `last`, each drawn from q; returns (tokens, their q distributions)."""
+        tokens, qs = [], []
+        feed = self.pending + [last]
+        for i in range(k):
+            logits = forward_cached(self.params, self.cfg, np.array(feed), self.cache)[-1]  # (V,)
+            self.calls += 1
+            q = probs_from_logits(logits, self.temperature)  # (V,)
+            x = sample(q, rng) if self.temperature > 0 else int(np.argmax(q))
+            tokens.append(x)
+            qs.append(q)
+            feed = [x]
+        self.pending = feed  # the last draft token is not read yet
+        return tokens, qs
+
+    def keep(self, base, kept):
+        """After verification: the sequence from position `base` on is `kept` (last emitted excluded)."""
+        read = self.cache.n
+        self.cache.truncate(min(read, base + len(kept)))
+        self.pending = list(kept[self.cache.n - base:])
+
+
+class PromptLookup:
+    """Drafting without a draft model: copy what followed the latest earlier occurrence of the
+    last n tokens (prompt lookup decoding, Saxena 2023; `prompt_lookup_num_tokens` in
+    transformers). The proposal is a point mass, so q is one-hot and the rule stays exact."""
+
+    def __init__(self, max_ngram: int = 3):
+        if max_ngram < 1:
+            raise ValueError(f"max_ngram must be >= 1, got {max_ngram}")
+        self.max_ngram = max_ngram
+
+    def start(self, prompt, vocab_size):
+        self.history, self.vocab_size, self.calls = list(prompt[:-1]), vocab_size, 0
+        return self
+
+    def propose(self, last, k, rng):
+        seq = self.history + [last]
+        for n in range(min(self.max_ngram, len(seq) - 1), 0, -1):
+            tail = seq[-n:]
+            for start in range(len(seq) - n - 1, -1, -1):  # latest earlier match first
+                if seq[start:start + n] == tail:
+                    tokens = seq[start + n:start + n + k]
+                    return tokens, [np.eye(self.vocab_size)[t] for t in tokens]
+        return [], []
+
+    def keep(self, base, kept):
+        self.history = self.history[:base] + list(kept)
 
 
 def speculative_generate(target, draft, prompt, n_new: int, k: int = 4, temperature: float = 1.0,
-                         seed: int = 0):
+                         seed: int = 0, dynamic: bool = False, k_max: int = 16):
     """Generate n_new tokens after prompt with draft-then-verify decoding.
 
-    target, draft: (params, cfg) pairs. Returns (tokens (n_new,), SpecStats).
-    At temperature 0, p and q are one-hot argmaxes and the rule accepts exactly while the
-    draft's token is the target's argmax, so the output equals greedy decoding of the target.
+    target: a (params, cfg) pair; draft: a (params, cfg) pair or a `PromptLookup`.
+    dynamic: start at k, add 2 after a round that accepts every draft token, else subtract 1
+    (within 1..k_max). Returns (tokens (n_new,), SpecStats). At temperature 0, p and q are
+    one-hot argmaxes and the rule accepts exactly while the draft's token is the target's
+    argmax, so the output equals greedy decoding of the target.
     """
-    (tp, tcfg), (dp, dcfg) = target, draft
+    tp, tcfg = target
+    dcfg = tcfg if isinstance(draft, PromptLookup) else draft[1]
     check_pair(tcfg, dcfg, k)
     prompt = check_tokens(prompt, tcfg)
     if not isinstance(n_new, (int, np.integer)) or n_new < 1:
@@ -119,24 +166,22 @@ def speculative_generate(target, draft, prompt, n_new: int, k: int = 4, temperat
     probs_from_logits(np.zeros(1), temperature)  # validates the temperature
     rng = np.random.default_rng(seed)
     max_len = len(prompt) + n_new
-    tgt = _Stream(tp, tcfg, prompt[:-1], max_len)
-    dft = _Stream(dp, dcfg, prompt[:-1], max_len)
+    if isinstance(draft, PromptLookup):
+        drafter = draft.start(prompt, tcfg.vocab_size)
+    else:
+        drafter = ModelDrafter(*draft, prompt, max_len, temperature)
+    cache = KVCache(tcfg, max_len)
+    pending = list(prompt[:-1])  # tokens the target has not read yet
     last = int(prompt[-1])  # emitted but not yet read by either model
-    out, stats = [], SpecStats(k)
+    out, stats = [], SpecStats(k_max if dynamic else k)
     while len(out) < n_new:
         k_round = min(k, n_new - len(out))  # never draft past the end
-        drafted, qs = [], []
-        q_logits = dft.feed([last])[-1]  # (V,)
-        for i in range(k_round):
-            q = probs_from_logits(q_logits, temperature)  # (V,)
-            x = sample(q, rng) if temperature > 0 else int(np.argmax(q))
-            drafted.append(x)
-            qs.append(q)
-            if i < k_round - 1:
-                q_logits = dft.feed([x])[-1]
-        stats.draft_calls += k_round
-        base = tgt.cache.n + len(tgt.pending)  # position of `last`
-        ps = probs_from_logits(tgt.feed([last] + drafted)[-(k_round + 1):], temperature)  # (k_round + 1, V)
+        drafted, qs = drafter.propose(last, k_round, rng)
+        k_round = len(drafted)  # prompt lookup may find fewer
+        base = cache.n + len(pending)  # position of `last`
+        logits = forward_cached(tp, tcfg, np.array(pending + [last] + drafted), cache)
+        ps = probs_from_logits(logits[-(k_round + 1):], temperature)  # (k_round + 1, V)
+        pending = []
         stats.target_calls += 1
         n_ok, nxt = 0, None
         for i, x in enumerate(drafted):
@@ -149,17 +194,21 @@ def speculative_generate(target, draft, prompt, n_new: int, k: int = 4, temperat
             n_ok += 1
         if nxt is None:  # every draft token accepted: a bonus token from the last target position
             nxt = sample(ps[k_round], rng) if temperature > 0 else int(np.argmax(ps[k_round]))
+        for i in range(k_round):
+            stats.drafted_at[i] += 1
         stats.rounds += 1
         stats.drafted += k_round
         stats.judged += min(n_ok + 1, k_round)
         stats.accepted += n_ok
         kept = [last] + drafted[:n_ok]
-        tgt.cache.truncate(base + len(kept))  # drop rejected positions
-        dft.cache.truncate(min(dft.cache.n, base + len(kept)))
-        dft.pending = kept[dft.cache.n - base:]  # the draft never read its last accepted token
+        cache.truncate(base + len(kept))  # drop the rejected positions
+        drafter.keep(base, kept)
         out.extend(drafted[:n_ok] + [nxt])
         stats.emitted += n_ok + 1
         last = nxt
+        if dynamic:
+            k = min(k + 2, k_max) if k_round and n_ok == k_round else max(k - 1, 1)
+    stats.draft_calls = drafter.calls
     return np.array(out[:n_new], dtype=np.int64), stats
 
 

@@ -4,14 +4,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
-from scipy import stats
 
 from lib.config import DRAFT, TARGET, ModelConfig
 from lib.generate import generate
 from lib.model import forward
 from lib.sampling import probs_from_logits
-from lib.speculative import (expected_speedup, expected_tokens_per_call, speculative_generate,
-                             step_distribution)
+from lib.speculative import (PromptLookup, expected_speedup, expected_tokens_per_call,
+                             speculative_generate, step_distribution)
+
+from lib.stats import chi_square_pvalue
 
 from conftest import perturbed_params
 
@@ -45,6 +46,23 @@ def test_temperature_zero_equals_greedy_target(k):
     assert st_.emitted >= 50 and st_.draft_calls == st_.drafted
 
 
+@pytest.mark.parametrize("draft,dynamic", [(DRAFT_PAIR, True), (PromptLookup(), False), (PromptLookup(1), True)],
+                         ids=["dynamic-k", "prompt-lookup", "prompt-lookup-unigram-dynamic"])
+def test_temperature_zero_equals_greedy_for_every_drafter(draft, dynamic):
+    prompt = np.array([5, 6, 7, 5, 6, 7, 5, 6])
+    greedy = generate(*TARGET_PAIR, prompt, 60).tokens
+    tokens, s = speculative_generate(TARGET_PAIR, draft, prompt, 60, k=2, temperature=0, dynamic=dynamic)
+    np.testing.assert_array_equal(tokens, greedy)
+    assert s.accepted <= s.judged <= s.drafted
+
+
+def test_prompt_lookup_proposes_what_followed_the_last_ngram():
+    lookup = PromptLookup(2).start(np.array([1, 2, 3, 4, 9, 1, 2]), 96)
+    tokens, qs = lookup.propose(3, 3, None)  # context ... 1 2 3: "2 3" occurred before, followed by 4 9 1
+    assert tokens == [4, 9, 1] and all(q[t] == 1 for q, t in zip(qs, tokens))
+    assert PromptLookup(2).start(np.array([1, 2]), 96).propose(7, 3, None) == ([], [])
+
+
 def test_identical_draft_accepts_everything():
     tokens, s = speculative_generate(TARGET_PAIR, TARGET_PAIR, np.arange(5), 40, k=4, temperature=1.0, seed=3)
     assert s.alpha == 1.0 and s.tokens_per_call == pytest.approx(5.0) and len(tokens) == 40
@@ -72,23 +90,20 @@ def exact_joint(pair, prompt, temperature):
     return joint.reshape(-1)
 
 
-def chi_square_pvalue(samples, expected_probs):
-    counts = np.bincount(samples, minlength=16)
-    return stats.chisquare(counts, expected_probs * len(samples)).pvalue
-
-
-def test_two_token_joint_distribution_matches_target_sampling():
+@pytest.mark.parametrize("use_lookup", [False, True], ids=["draft-model", "prompt-lookup"])
+def test_two_token_joint_distribution_matches_target_sampling(use_lookup):
     target, draft = tiny(TINY_T, 1, 40.0), tiny(TINY_D, 2, 40.0)
     prompt, temperature, n = np.array([1, 3, 0]), 1.0, 6000
     expected = exact_joint(target, prompt, temperature)
     draft_only = exact_joint(draft, prompt, temperature)
     assert 0.5 * np.abs(expected - draft_only).sum() > 0.2  # the draft alone is clearly different
-    spec = [4 * a + b for a, b in (speculative_generate(target, draft, prompt, 2, k=2, temperature=temperature,
+    drafter = PromptLookup(1) if use_lookup else draft
+    spec = [4 * a + b for a, b in (speculative_generate(target, drafter, prompt, 2, k=2, temperature=temperature,
                                                         seed=s)[0] for s in range(n))]
-    assert chi_square_pvalue(np.array(spec), expected) > 1e-3
+    assert chi_square_pvalue(np.bincount(spec, minlength=16), expected) > 1e-3
     # The same statistic has the power to see the draft's distribution: it would fail there.
     draft_samples = np.random.default_rng(0).choice(16, size=n, p=draft_only)
-    assert chi_square_pvalue(draft_samples, expected) < 1e-6
+    assert chi_square_pvalue(np.bincount(draft_samples, minlength=16), expected) < 1e-6
 
 
 def test_formulas():
