@@ -21,8 +21,12 @@ class Generation(NamedTuple):
 
 
 def generate(params, cfg: ModelConfig, prompt, n_new: int, temperature: float = 0.0,
-             seed: int = 0, use_cache: bool = True) -> Generation:
-    """Generate n_new tokens after the prompt (token ids). Temperature 0 is greedy."""
+             seed: int = 0, use_cache: bool = True, step=None) -> Generation:
+    """Generate n_new tokens after the prompt (token ids). Temperature 0 is greedy.
+
+    step: the cached forward to use, step(new_tokens, cache) -> logits; default
+    `forward_cached` with these params (a `lib.lean.LeanModel` is the fast alternative).
+    """
     prompt = check_tokens(prompt, cfg)
     if not isinstance(n_new, (int, np.integer)) or n_new < 1:
         raise ValueError(f"n_new must be a positive integer, got {n_new!r}")
@@ -32,23 +36,24 @@ def generate(params, cfg: ModelConfig, prompt, n_new: int, temperature: float = 
     probs_from_logits(np.zeros(1), temperature)  # validates the temperature before any work
     rng = np.random.default_rng(seed)
     out, logits = [], []
+    step_fn = step or (lambda tokens, cache: forward_cached(params, cfg, tokens, cache))
     if use_cache:
         cache = KVCache(cfg, len(prompt) + n_new)
-        step = forward_cached(params, cfg, prompt, cache)[-1]  # (V,) prefill
+        last = step_fn(prompt, cache)[-1]  # (V,) prefill
     else:
         seq = list(prompt)
-        step = forward(params, cfg, seq)[-1]  # (V,)
+        last = forward(params, cfg, seq)[-1]  # (V,)
     for i in range(n_new):
-        token = next_token(step, temperature, rng)
+        token = next_token(last, temperature, rng)
         out.append(token)
-        logits.append(step)
+        logits.append(last)
         if i == n_new - 1:
             break
         if use_cache:
-            step = forward_cached(params, cfg, [token], cache)[-1]  # (V,) one decode step
+            last = step_fn([token], cache)[-1]  # (V,) one decode step
         else:
             seq.append(token)
-            step = forward(params, cfg, seq)[-1]  # (V,) full recompute
+            last = forward(params, cfg, seq)[-1]  # (V,) full recompute
     return Generation(np.array(out, dtype=np.int64), np.array(logits))
 
 

@@ -15,7 +15,8 @@ import numpy as np
 
 from .config import ModelConfig
 from .kv_cache import KVCache
-from .model import check_tokens, forward_cached
+from .lean import cached_step
+from .model import check_tokens
 from .sampling import probs_from_logits, sample
 
 
@@ -87,9 +88,10 @@ def check_pair(target_cfg: ModelConfig, draft_cfg: ModelConfig, k) -> None:
 class ModelDrafter:
     """Drafts with a small model: its own KV cache, sampling each token from its q."""
 
-    def __init__(self, params, cfg, prompt, max_len, temperature):
-        self.params, self.cfg, self.temperature = params, cfg, temperature
-        self.cache = KVCache(cfg, max_len)
+    def __init__(self, model, prompt, max_len, temperature):
+        self.cfg, self.step = cached_step(model)
+        self.temperature = temperature
+        self.cache = KVCache(self.cfg, max_len)
         self.pending = list(prompt[:-1])  # tokens the draft has not read yet
         self.calls = 0
 
@@ -98,7 +100,7 @@ class ModelDrafter:
         tokens, qs = [], []
         feed = self.pending + [last]
         for i in range(k):
-            logits = forward_cached(self.params, self.cfg, np.array(feed), self.cache)[-1]  # (V,)
+            logits = self.step(np.array(feed), self.cache)[-1]  # (V,)
             self.calls += 1
             q = probs_from_logits(logits, self.temperature)  # (V,)
             x = sample(q, rng) if self.temperature > 0 else int(np.argmax(q))
@@ -147,14 +149,14 @@ def speculative_generate(target, draft, prompt, n_new: int, k: int = 4, temperat
                          seed: int = 0, dynamic: bool = False, k_max: int = 16):
     """Generate n_new tokens after prompt with draft-then-verify decoding.
 
-    target: a (params, cfg) pair; draft: a (params, cfg) pair or a `PromptLookup`.
+    target: a (params, cfg) pair or a `LeanModel`; draft: either of those, or a `PromptLookup`.
     dynamic: start at k, add 2 after a round that accepts every draft token, else subtract 1
     (within 1..k_max). Returns (tokens (n_new,), SpecStats). At temperature 0, p and q are
     one-hot argmaxes and the rule accepts exactly while the draft's token is the target's
     argmax, so the output equals greedy decoding of the target.
     """
-    tp, tcfg = target
-    dcfg = tcfg if isinstance(draft, PromptLookup) else draft[1]
+    tcfg, target_step = cached_step(target)
+    dcfg = tcfg if isinstance(draft, PromptLookup) else cached_step(draft)[0]
     check_pair(tcfg, dcfg, k)
     prompt = check_tokens(prompt, tcfg)
     if not isinstance(n_new, (int, np.integer)) or n_new < 1:
@@ -169,7 +171,7 @@ def speculative_generate(target, draft, prompt, n_new: int, k: int = 4, temperat
     if isinstance(draft, PromptLookup):
         drafter = draft.start(prompt, tcfg.vocab_size)
     else:
-        drafter = ModelDrafter(*draft, prompt, max_len, temperature)
+        drafter = ModelDrafter(draft, prompt, max_len, temperature)
     cache = KVCache(tcfg, max_len)
     pending = list(prompt[:-1])  # tokens the target has not read yet
     last = int(prompt[-1])  # emitted but not yet read by either model
@@ -179,7 +181,7 @@ def speculative_generate(target, draft, prompt, n_new: int, k: int = 4, temperat
         drafted, qs = drafter.propose(last, k_round, rng)
         k_round = len(drafted)  # prompt lookup may find fewer
         base = cache.n + len(pending)  # position of `last`
-        logits = forward_cached(tp, tcfg, np.array(pending + [last] + drafted), cache)
+        logits = target_step(np.array(pending + [last] + drafted), cache)
         ps = probs_from_logits(logits[-(k_round + 1):], temperature)  # (k_round + 1, V)
         pending = []
         stats.target_calls += 1

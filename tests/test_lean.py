@@ -1,0 +1,73 @@
+"""The lean path is the same model: exact against the plain reference on every config."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from lib.bench import count_ops
+from lib.generate import generate
+from lib.kv_cache import KVCache
+from lib.lean import LeanModel
+from lib.model import forward, forward_cached, load
+from lib.speculative import speculative_generate
+from lib.tokenizer import encode
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_lean_equals_reference_for_any_chunking(model, data):
+    params, cfg = model
+    lean = LeanModel(params, cfg)
+    n = data.draw(st.integers(1, min(cfg.block_size, 80)), label="length")
+    tokens = np.array(data.draw(st.lists(st.integers(0, cfg.vocab_size - 1), min_size=n, max_size=n)))
+    cache, out, i = KVCache(cfg, n), [], 0
+    while i < n:
+        size = data.draw(st.integers(1, n - i), label="chunk")
+        out.append(lean(tokens[i:i + size], cache))
+        i += size
+    np.testing.assert_allclose(np.concatenate(out), forward(params, cfg, tokens), atol=1e-5, rtol=0)
+
+
+def test_lean_refuses_what_the_plain_path_refuses(model):
+    params, cfg = model
+    lean, cache = LeanModel(params, cfg), KVCache(cfg, 4)
+    lean([1, 2, 3], cache)
+    with pytest.raises(ValueError, match="KV cache is full"):
+        lean([1, 2], cache)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        lean([cfg.vocab_size], cache)
+    assert cache.n == 3
+
+
+@pytest.mark.parametrize("name", ["target", "draft"])
+def test_lean_greedy_text_equals_plain_on_shipped_weights(name):
+    params, cfg = load(name)
+    prompt = encode("    def __init__(self, ")
+    plain = generate(params, cfg, prompt, 96)
+    lean = generate(params, cfg, prompt, 96, step=LeanModel(params, cfg))
+    np.testing.assert_array_equal(lean.tokens, plain.tokens)
+    assert np.abs(lean.logits - plain.logits).max() < 1e-4
+
+
+def test_speculative_on_lean_models_equals_plain():
+    target, draft = load("target"), load("draft")
+    prompt = encode("import os\nimport ")
+    plain = speculative_generate(target, draft, prompt, 60, k=3, temperature=0.7, seed=4)[0]
+    lean = speculative_generate(LeanModel(*target), LeanModel(*draft), prompt, 60, k=3, temperature=0.7, seed=4)[0]
+    np.testing.assert_array_equal(lean, plain)
+
+
+def test_lean_step_makes_fewer_numpy_calls(model):
+    params, cfg = model
+    cache = KVCache(cfg)
+    forward_cached(params, cfg, np.arange(40) % cfg.vocab_size, cache)
+
+    def plain(p):
+        forward_cached(p, cfg, [5], cache)
+        cache.truncate(40)
+
+    def lean(p):
+        LeanModel(p, cfg)([5], cache)
+        cache.truncate(40)
+
+    lean_model_build = count_ops(lambda p: LeanModel(p, cfg), params).numpy_calls
+    assert count_ops(lean, params).numpy_calls - lean_model_build < 0.8 * count_ops(plain, params).numpy_calls
