@@ -110,3 +110,120 @@ def memory_gbps(mbytes: int = 256) -> float:
     dst = np.empty_like(src)
     t = median_time(lambda: np.copyto(dst, src), repeats=5, warmup=1)
     return 2 * src.nbytes / t / 1e9
+
+
+# ----------------------------------------------------------------------------- the benchmark
+
+def _prompts(count=4, length=16):
+    from .corpus import load_corpus
+    from .tokenizer import decode, encode
+    lines = [l for l in decode(load_corpus().held_out).split("\n") if len(l[:length].strip()) >= 12]
+    return [encode(lines[i * len(lines) // count][:length]) for i in range(count)]
+
+
+def _step_time(step, cfg, position, n_tokens=1):
+    from .kv_cache import KVCache
+    cache = KVCache(cfg)
+    step(np.arange(position) % cfg.vocab_size, cache)
+    new = np.arange(n_tokens) % cfg.vocab_size
+
+    def call():
+        step(new, cache)
+        cache.truncate(position)
+    return median_time(call, repeats=9, min_seconds=0.03)
+
+
+def _step_calls(step_builder, params, cfg, position):
+    from .kv_cache import KVCache
+    cache = KVCache(cfg)
+    step_builder(params)(np.arange(position) % cfg.vocab_size, cache)
+    build = count_ops(step_builder, params).numpy_calls
+    return count_ops(lambda p: step_builder(p)([5], cache), params).numpy_calls - build
+
+
+def run(out=print):
+    """Print the benchmark table and the goals; returns the measured ratios."""
+    from threadpoolctl import threadpool_info
+
+    from .generate import generate
+    from .kv_cache import KVCache
+    from .lean import LeanModel
+    from .model import forward_cached, load
+    from .speculative import expected_speedup, speculative_generate
+
+    target, draft = load("target"), load("draft")
+    (tp, tcfg), (dp, dcfg) = target, draft
+    lean_t, lean_d = LeanModel(tp, tcfg), LeanModel(dp, dcfg)
+    plain_t = lambda tokens, cache: forward_cached(tp, tcfg, tokens, cache)
+    ratios = {}
+    with single_thread():
+        blas = [(i["internal_api"], i["num_threads"], i.get("architecture")) for i in threadpool_info()]
+        out(f"BLAS (limited for timing): {blas}")
+        out(f"peak float32 matmul {matmul_gflops(1024, 1024, 1024):.1f} GFLOP/s, copy bandwidth {memory_gbps():.1f} GB/s\n")
+
+        out("cached decode step of the target (ms)     plain     lean   lean/plain")
+        for pos in (16, 64, 128, 256, 511):
+            a, b = _step_time(plain_t, tcfg, pos), _step_time(lean_t, tcfg, pos)
+            ratios[f"step_{pos}"] = b / a
+            out(f"  position {pos:3d}                         {a * 1e3:7.3f}  {b * 1e3:7.3f}   {b / a:6.2f}")
+        calls_plain = _step_calls(lambda p: (lambda t, c: forward_cached(p, tcfg, t, c)), tp, tcfg, 128)
+        calls_lean = _step_calls(lambda p: LeanModel(p, tcfg), tp, tcfg, 128)
+        out(f"  numpy calls per step                    {calls_plain:5d}    {calls_lean:5d}\n")
+
+        out("prefill (ms)                       one call  one by one  ratio")
+        for n in (64, 256):
+            def fill(chunk):
+                cache = KVCache(tcfg, n)
+                for i in range(0, n, chunk):
+                    plain_t(np.arange(i, min(i + chunk, n)) % 96, cache)
+            a, b = median_time(lambda: fill(n), repeats=5), median_time(lambda: fill(1), repeats=3, warmup=1)
+            out(f"  {n:3d} tokens (plain path)             {a * 1e3:7.2f}   {b * 1e3:8.2f}  {b / a:5.1f}x")
+
+        one = _step_time(lean_t, tcfg, 128)
+        out("\nverification on the lean path, position 128 (x one token)")
+        for n in (2, 5, 9):
+            ratios[f"verify_{n}"] = _step_time(lean_t, tcfg, 128, n) / one
+            out(f"  {n} tokens                                 {ratios[f'verify_{n}']:.2f}x")
+        d_step = _step_time(lean_d, dcfg, 128)
+        c = d_step / one
+        out(f"draft step (lean) {d_step * 1e3:.3f} ms vs target {one * 1e3:.3f} ms: c = {c:.2f}\n")
+
+        prompt = _prompts(1)[0]
+        t_none = median_time(lambda: generate(tp, tcfg, prompt, 256, use_cache=False), repeats=1, warmup=0)
+        t_plain = median_time(lambda: generate(tp, tcfg, prompt, 256), repeats=3, warmup=1)
+        t_lean = median_time(lambda: generate(tp, tcfg, prompt, 256, step=lean_t), repeats=3, warmup=1)
+        out(f"256-token greedy generation: no cache {t_none:.3f} s, plain cache {t_plain:.3f} s, lean cache "
+            f"{t_lean:.3f} s ({t_none / t_lean:.0f}x and {t_plain / t_lean:.1f}x faster)\n")
+
+        prompts = _prompts(4)
+        out("speculative decoding, lean target + lean draft, 4 prompts x 96 tokens vs target-only lean decoding")
+        for temp in (0.0, 0.7):
+            base = median_time(lambda: [generate(tp, tcfg, p, 96, temp, seed=i, step=lean_t)
+                                        for i, p in enumerate(prompts)], repeats=3, warmup=1)
+            best = None
+            for k in (1, 2, 3, 4, 6, 8):
+                runs = [speculative_generate(lean_t, lean_d, p, 96, k=k, temperature=temp, seed=i)
+                        for i, p in enumerate(prompts)]
+                alpha = sum(s.accepted for _, s in runs) / sum(s.judged for _, s in runs)
+                t = median_time(lambda: [speculative_generate(lean_t, lean_d, p, 96, k=k, temperature=temp, seed=i)
+                                         for i, p in enumerate(prompts)], repeats=3, warmup=0)
+                row = (base / t, k, alpha, expected_speedup(alpha, k, c))
+                out(f"  T={temp} k={k}: alpha {alpha:.3f}, speed-up {row[0]:.2f}x (Theorem 3.8: {row[3]:.2f}x)")
+                best = max(best or row, row)
+            ratios[f"spec_{temp}"], ratios[f"spec_vs_theorem_{temp}"] = best[0], best[0] / best[3]
+            out(f"  -> best k = {best[1]} at T={temp}: {best[0]:.2f}x, {best[0] / best[3]:.2f} of Theorem 3.8\n")
+    ratios["calls_lean"] = calls_lean
+    goals = [("lean decode step <= 0.4 x plain at position 128", ratios["step_128"], ratios["step_128"] <= 0.4),
+             ("numpy calls per lean step <= 150", calls_lean, calls_lean <= 150),
+             ("verifying 5 tokens <= 1.5 x a 1-token lean step", ratios["verify_5"], ratios["verify_5"] <= 1.5),
+             ("speculative at best k, T=0.7 >= 1.8 x target-only", ratios["spec_0.7"], ratios["spec_0.7"] >= 1.8),
+             ("... and >= 0.8 of the Theorem 3.8 factor", ratios["spec_vs_theorem_0.7"],
+              ratios["spec_vs_theorem_0.7"] >= 0.8)]
+    out("goals")
+    for text, value, met in goals:
+        out(f"  {'met    ' if met else 'NOT MET'}  {text}: {value:.2f}")
+    return ratios
+
+
+if __name__ == "__main__":
+    run()

@@ -27,12 +27,12 @@ def _folded(g, b, w, bias=None, scale=None):
     w2 = np.vstack([g[:, None] * w, (b @ w + (0 if bias is None else bias))[None, :]])  # (C + 1, out)
     if scale is not None:
         w2 = w2 * scale
-    return np.ascontiguousarray(w2, np.float32)
+    return w2.astype(np.float32)  # a fresh C-contiguous array (of the input's array type)
 
 
 def _with_bias(w, bias, scale=1.0):
     """[u, 1] @ w' == scale * u @ w + bias."""
-    return np.ascontiguousarray(np.vstack([w * scale, bias[None, :]]), np.float32)
+    return np.vstack([w * scale, bias[None, :]]).astype(np.float32)
 
 
 class LeanModel:
@@ -49,7 +49,7 @@ class LeanModel:
             p = f"h.{i}."
             self.layers.append((
                 _folded(params[p + "ln_1.weight"], params[p + "ln_1.bias"], params[p + "attn.c_attn.weight"], scale=scale),
-                np.ascontiguousarray(params[p + "attn.c_proj.weight"], np.float32),
+                params[p + "attn.c_proj.weight"].astype(np.float32),  # contiguous copy
                 _folded(params[p + "ln_2.weight"], params[p + "ln_2.bias"], params[p + "mlp.c_fc.weight"],
                         params[p + "mlp.c_fc.bias"]),
                 _with_bias(params[p + "mlp.c_proj.weight"], params[p + "mlp.c_proj.bias"], 0.5),  # GELU's 0.5
