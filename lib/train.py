@@ -7,6 +7,8 @@ warm-up and cosine decay; batches are random windows of the standard-library cor
 
     python -m lib.train target        # the shipped run (see lib/weights/target.json)
     python -m lib.train draft
+    python -m lib.train target-kv2    # the target pooled to 2 K/V heads, then uptrained (chapter 5)
+    python -m lib.train target-kv1
 """
 import argparse
 import math
@@ -17,9 +19,13 @@ from tqdm.auto import tqdm
 
 from .config import DRAFT, TARGET, ModelConfig
 from .corpus import load_corpus
-from .model import init_params, save
+from .gqa import mean_pool_kv
+from .model import init_params, load, save
 
 PRESETS = {"target": TARGET, "draft": DRAFT}
+UPTRAINED = {"target-kv2": 2, "target-kv1": 1}  # name -> K/V heads, converted from the shipped target
+DEFAULTS = {"target": (4500, 2.5e-3, 200), "draft": (3000, 4e-3, 200),  # steps, peak lr, warm-up
+            "target-kv2": (225, 1e-3, 20), "target-kv1": (225, 1e-3, 20)}
 GELU_C = math.sqrt(2.0 / math.pi)
 
 
@@ -198,10 +204,11 @@ def evaluate(params, cfg, data, seq_len=512, count=None, batch=8):
 
 def train(cfg: ModelConfig, steps: int, batch: int = 8, seq_len: int = 512, lr: float = 2e-3,
           warmup: int = 200, seed: int = 0, eval_every: int = 250, eval_windows: int = 32,
-          corpus=None, progress: bool = True):
-    """Train from scratch; returns (params, record) where record holds the loss curves and timing."""
+          corpus=None, progress: bool = True, init: dict | None = None):
+    """Train from scratch, or go on from `init` parameters (uptraining); returns (params, record)
+    where record holds the loss curves and timing."""
     corpus = load_corpus() if corpus is None else corpus
-    params = init_params(cfg, seed)
+    params = init_params(cfg, seed) if init is None else {k: v.astype(np.float32) for k, v in init.items()}
     opt = AdamW(params)
     rng = np.random.default_rng(seed)
     curve = {"step": [], "train_loss": [], "eval_step": [], "held_out_loss": []}
@@ -227,20 +234,30 @@ def train(cfg: ModelConfig, steps: int, batch: int = 8, seq_len: int = 512, lr: 
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="Train the target or draft model on the standard-library corpus.")
-    ap.add_argument("model", choices=sorted(PRESETS))
-    ap.add_argument("--steps", type=int, default=None, help="default: 4500 (target), 3000 (draft)")
+    ap = argparse.ArgumentParser(description="Train the target or draft model on the standard-library corpus, "
+                                             "or uptrain a grouped-query version of the shipped target.")
+    ap.add_argument("model", choices=sorted(DEFAULTS))
+    ap.add_argument("--steps", type=int, default=None, help="default: " + ", ".join(
+        f"{name} {v[0]}" for name, v in DEFAULTS.items()))
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=512)
-    ap.add_argument("--lr", type=float, default=None, help="default: 2.5e-3 (target), 4e-3 (draft)")
+    ap.add_argument("--lr", type=float, default=None, help="peak learning rate (default per model)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="folder for <model>.npz/.json (default: lib/weights)")
     args = ap.parse_args(argv)
-    cfg = PRESETS[args.model]
-    steps = args.steps or {"target": 4500, "draft": 3000}[args.model]
-    lr = args.lr or {"target": 2.5e-3, "draft": 4e-3}[args.model]
+    steps, lr, warmup = DEFAULTS[args.model]
+    steps, lr = args.steps or steps, args.lr or lr
+    init, record_extra = None, {}
+    if args.model in UPTRAINED:
+        init, cfg = mean_pool_kv(*load("target"), UPTRAINED[args.model])
+        record_extra = {"converted_from": "target", "conversion": "mean-pooled K/V heads (Ainslie et al. 2023)"}
+    else:
+        cfg = PRESETS[args.model]
     corpus = load_corpus()
-    params, record = train(cfg, steps, args.batch, args.seq_len, lr, seed=args.seed, corpus=corpus)
+    if init is not None:
+        record_extra["held_out_loss_at_conversion"] = round(evaluate(init, cfg, corpus.held_out, args.seq_len), 4)
+    params, record = train(cfg, steps, args.batch, args.seq_len, lr, warmup, seed=args.seed, corpus=corpus, init=init)
+    record.update(record_extra)
     record["held_out_loss"] = round(evaluate(params, cfg, corpus.held_out, args.seq_len), 4)
     record["held_out_sample_loss"] = round(evaluate(params, cfg, corpus.held_out, args.seq_len, count=4), 5)
     kwargs = {} if args.out is None else {"folder": args.out}

@@ -1,0 +1,102 @@
+"""How much memory the KV cache takes: the formula, real model configurations, and a reader of
+Hugging Face `config.json` files.
+
+bytes = batch x sum over layers of (2 x KV heads x head dim x cached positions x bytes per element)
+
+where a full-attention layer caches every position and a sliding-window layer at most its window
+(Beltagy et al. 2020; Mistral 7B's rolling buffer, Jiang et al. 2023). Grouped-query attention
+(Ainslie et al. 2023) shrinks "KV heads". The figures of each model below are copied from its
+official config.json, whose address is kept with it.
+"""
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import ModelConfig
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    name: str
+    n_layer: int
+    n_kv_head: int
+    head_dim: int
+    windows: tuple  # per layer: None for full attention, else the sliding window in positions
+    n_params: float = 0.0  # for the size of the weights
+    source: str = ""
+
+    def positions(self, tokens: int) -> list:
+        """Cached positions per layer for a sequence of `tokens`."""
+        return [tokens if w is None else min(tokens, w) for w in self.windows]
+
+    def kv_bytes(self, tokens: int, batch: int = 1, dtype: str = "bfloat16") -> float:
+        """Bytes of K and V for `batch` sequences of `tokens` each."""
+        if tokens < 0 or batch < 1:
+            raise ValueError(f"tokens must be >= 0 and batch >= 1, got {tokens} and {batch}")
+        per_position = 2 * self.n_kv_head * self.head_dim * dtype_bytes(dtype)
+        return batch * per_position * sum(self.positions(tokens))
+
+    def bytes_per_token(self, dtype: str = "bfloat16") -> float:
+        """Bytes each new token adds once every sliding window is full (full-attention layers only)."""
+        return 2 * self.n_kv_head * self.head_dim * dtype_bytes(dtype) * sum(w is None for w in self.windows)
+
+    def weight_bytes(self, dtype: str = "bfloat16") -> float:
+        return self.n_params * dtype_bytes(dtype)
+
+
+def dtype_bytes(dtype: str) -> float:
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
+    return DTYPE_BYTES[dtype]
+
+
+def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = "") -> KVSpec:
+    """A KVSpec from a Hugging Face config.json (path or dict).
+
+    head_dim absent -> hidden_size / num_attention_heads; num_key_value_heads absent -> heads;
+    `layer_types` with "sliding_attention" entries, or a `sliding_window` on every layer
+    (Mistral v0.1 style) -> windowed layers.
+    """
+    if not isinstance(config, dict):
+        config = json.loads(Path(config).read_text())
+    try:
+        layers, heads, hidden = config["num_hidden_layers"], config["num_attention_heads"], config["hidden_size"]
+    except KeyError as err:
+        raise ValueError(f"config.json lacks {err.args[0]!r}, needed for the KV cache size") from None
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or hidden // heads
+    window = config.get("sliding_window")
+    types = config.get("layer_types")
+    if types:
+        if len(types) != layers:
+            raise ValueError(f"layer_types has {len(types)} entries for {layers} layers")
+        windows = tuple(window if t == "sliding_attention" else None for t in types)
+    elif window and config.get("use_sliding_window", True):
+        windows = (window,) * layers
+    else:
+        windows = (None,) * layers
+    return KVSpec(name or config.get("model_type", "model"), layers, kv_heads, head_dim, windows, n_params, source)
+
+
+def from_model_config(cfg: ModelConfig, name: str = "this book's target") -> KVSpec:
+    return KVSpec(name, cfg.n_layer, cfg.n_kv_head, cfg.head_dim, (None,) * cfg.n_layer, cfg.n_params())
+
+
+# The fields of each official config.json that the formula needs, with its address.
+REAL_MODELS = [
+    from_hf_config({"num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+                    "head_dim": 128, "hidden_size": 4096}, "Qwen3-8B", 8.2e9,
+                   "https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json"),
+    from_hf_config({"num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+                    "hidden_size": 8192}, "Qwen2.5-72B-Instruct", 72.7e9,
+                   "https://huggingface.co/Qwen/Qwen2.5-72B-Instruct/blob/main/config.json"),
+    from_hf_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                    "hidden_size": 4096, "sliding_window": 4096}, "Mistral-7B-v0.1", 7.24e9,
+                   "https://huggingface.co/mistralai/Mistral-7B-v0.1/blob/main/config.json"),
+    from_hf_config({"num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8,
+                    "head_dim": 64, "hidden_size": 2880, "sliding_window": 128,
+                    "layer_types": ["sliding_attention", "full_attention"] * 12}, "gpt-oss-20b", 20.9e9,
+                   "https://huggingface.co/openai/gpt-oss-20b/blob/main/config.json"),
+]
