@@ -3,30 +3,57 @@
 Under the causal mask a token's keys and values never change once computed, so they can be
 stored and reused (Pope et al. 2022, "Efficiently Scaling Transformer Inference"). Storage is
 preallocated per layer as (n_kv_head, max_len, head_dim), like llama2.c's key_cache; the
-first `n` positions are valid. Float16 storage halves the bytes; reads return float32.
+first `n` positions are valid. float16 halves the bytes; int8 and int4 store integer codes with
+scales (`lib.quant`): per position (float16, computed on write) or fixed per head or per
+tensor (from `quant.calibrate`). Reads always return float32.
 """
 import numpy as np
 
+from . import quant
 from .config import ModelConfig
 
-DTYPES = (np.float32, np.float16)
+DTYPES = ("float32", "float16", "int8", "int4")
 
 
 class KVCache:
-    def __init__(self, cfg: ModelConfig, max_len: int | None = None, dtype=np.float32):
+    def __init__(self, cfg: ModelConfig, max_len: int | None = None, dtype="float32",
+                 granularity: str = "position", calibration=None):
         max_len = cfg.block_size if max_len is None else max_len
         if not isinstance(max_len, (int, np.integer)) or not 1 <= max_len <= cfg.block_size:
             raise ValueError(f"max_len must be an integer in 1..{cfg.block_size} (block_size), got {max_len!r}")
-        dtype = np.dtype(dtype)
-        if dtype not in [np.dtype(d) for d in DTYPES]:
-            raise ValueError(f"KV cache dtype must be float32 or float16, got {dtype}")
-        self.cfg = cfg
-        self.max_len = int(max_len)
-        self.dtype = dtype
-        shape = (cfg.n_kv_head, self.max_len, cfg.head_dim)
-        self.k = [np.zeros(shape, dtype) for _ in range(cfg.n_layer)]  # per layer (Hkv, max_len, D)
-        self.v = [np.zeros(shape, dtype) for _ in range(cfg.n_layer)]  # per layer (Hkv, max_len, D)
-        self.n = 0  # valid positions
+        kind = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+        if kind not in DTYPES:
+            raise ValueError(f"KV cache dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        self.cfg, self.max_len, self.kind, self.n = cfg, int(max_len), kind, 0
+        self.granularity = granularity if kind in quant.QMAX else None
+        D = cfg.head_dim
+        if kind == "int4" and D % 2:
+            raise ValueError(f"int4 packs two codes per byte: head_dim {D} must be even")
+        store = {"float32": (np.float32, D), "float16": (np.float16, D), "int8": (np.int8, D), "int4": (np.uint8, D // 2)}
+        self.dtype = np.dtype(store[kind][0])
+        shape = (cfg.n_kv_head, self.max_len, store[kind][1])
+        self.k = [np.zeros(shape, self.dtype) for _ in range(cfg.n_layer)]  # per layer (Hkv, max_len, D or D/2)
+        self.v = [np.zeros(shape, self.dtype) for _ in range(cfg.n_layer)]
+        self.k_scale = self.v_scale = []  # quantized only: per layer, see _init_scales
+        if self.granularity is not None:
+            self._init_scales(calibration)
+
+    def _init_scales(self, calibration):
+        if self.granularity not in quant.GRANULARITIES:
+            raise ValueError(f"granularity must be one of {', '.join(quant.GRANULARITIES)}, got {self.granularity!r}")
+        if self.granularity == "position":  # (Hkv, max_len, 1) float16, filled on write
+            shape = (self.cfg.n_kv_head, self.max_len, 1)
+            self.k_scale = [np.zeros(shape, np.float16) for _ in range(self.cfg.n_layer)]
+            self.v_scale = [np.zeros(shape, np.float16) for _ in range(self.cfg.n_layer)]
+            return
+        if calibration is None:
+            raise ValueError(f"granularity {self.granularity!r} needs fixed scales: pass "
+                             f"calibration=lib.quant.calibrate(params, cfg, tokens)")
+        k_max, v_max = calibration
+        if np.shape(k_max) != (self.cfg.n_layer, self.cfg.n_kv_head):
+            raise ValueError(f"calibration has shape {np.shape(k_max)}, expected {(self.cfg.n_layer, self.cfg.n_kv_head)}")
+        self.k_scale = quant.static_scales(k_max, self.granularity, self.kind)
+        self.v_scale = quant.static_scales(v_max, self.granularity, self.kind)
 
     def check_room(self, count: int) -> None:
         """Raise before anything is written if `count` more positions do not fit."""
@@ -38,12 +65,26 @@ class KVCache:
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store K, V (Hkv, T, D) of T new positions at n..n+T-1 (n advances in `advance`)."""
         T = k.shape[1]
-        self.k[layer][:, self.n:self.n + T] = k
-        self.v[layer][:, self.n:self.n + T] = v
+        new = slice(self.n, self.n + T)
+        for x, store, scales in ((k, self.k, self.k_scale), (v, self.v, self.v_scale)):
+            if self.granularity is None:
+                store[layer][:, new] = x
+                continue
+            if self.granularity == "position":
+                scales[layer][:, new] = quant.position_scales(x, self.kind)
+                scale = scales[layer][:, new].astype(np.float32)  # (Hkv, T, 1)
+            else:
+                scale = scales[layer]  # fixed: (Hkv or 1, 1, 1)
+            store[layer][:, new] = quant.quantize(x, scale, self.kind)
 
     def read(self, layer: int, end: int):
         """K, V of positions 0..end-1 as float32, each (Hkv, end, D)."""
         k, v = self.k[layer][:, :end], self.v[layer][:, :end]
+        if self.granularity is not None:
+            ks, vs = self.k_scale[layer], self.v_scale[layer]
+            if self.granularity == "position":
+                ks, vs = ks[:, :end].astype(np.float32), vs[:, :end].astype(np.float32)
+            return quant.dequantize(k, ks, self.kind), quant.dequantize(v, vs, self.kind)
         if self.dtype != np.float32:
             return k.astype(np.float32), v.astype(np.float32)
         return k, v
@@ -59,17 +100,17 @@ class KVCache:
 
     def copy(self) -> "KVCache":
         """An independent cache with the same contents (for reusing a shared prefix)."""
-        other = KVCache(self.cfg, self.max_len, self.dtype)
-        for src, dst in ((self.k, other.k), (self.v, other.v)):
-            for a, b in zip(src, dst):
-                b[:, :self.n] = a[:, :self.n]
-        other.n = self.n
+        other = KVCache.__new__(KVCache)
+        other.__dict__.update(self.__dict__)
+        other.k, other.v = [a.copy() for a in self.k], [a.copy() for a in self.v]
+        other.k_scale, other.v_scale = [a.copy() for a in self.k_scale], [a.copy() for a in self.v_scale]
         return other
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the preallocated K and V arrays."""
-        return sum(a.nbytes for a in self.k + self.v)
+        """Bytes of the preallocated K and V arrays and their scales."""
+        return sum(a.nbytes for a in self.k + self.v + self.k_scale + self.v_scale)
 
     def __repr__(self):
-        return f"KVCache(n={self.n}, max_len={self.max_len}, dtype={self.dtype.name}, nbytes={self.nbytes:,})"
+        kind = self.kind + (f", {self.granularity} scales" if self.granularity else "")
+        return f"KVCache(n={self.n}, max_len={self.max_len}, dtype={kind}, nbytes={self.nbytes:,})"
