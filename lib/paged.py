@@ -25,10 +25,11 @@ def chain_hash(parent: str, tokens) -> str:
 class BlockManager:
     """Free list, reference counts, block tables and the prefix-hash index. Counts only, no tensors."""
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks} and {block_size}")
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.prefix_caching = prefix_caching  # vLLM's enable_prefix_caching
         self.ref = [0] * num_blocks
         self.free = deque(range(num_blocks))
         self.block_hash = [None] * num_blocks  # hash of a registered full block
@@ -55,7 +56,7 @@ class BlockManager:
         h = chain_hash(hashes[index - 1] if index else "", chunk)
         hashes.append(h)
         block = self.tables[seq_id][index]
-        if self.block_hash[block] is None:
+        if self.prefix_caching and self.block_hash[block] is None:
             self.block_hash[block], self.block_tokens[block] = h, list(chunk)
             self.hash_to_block.setdefault(h, block)
 
@@ -165,9 +166,9 @@ class BlockManager:
 class PagedKVCache:
     """The block pool: per layer K and V as (num_blocks, Hkv, block_size, D), and its manager."""
 
-    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int = 16):
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int = 16, prefix_caching: bool = True):
         self.cfg = cfg
-        self.manager = BlockManager(num_blocks, block_size)
+        self.manager = BlockManager(num_blocks, block_size, prefix_caching)
         shape = (num_blocks, cfg.n_kv_head, block_size, cfg.head_dim)
         self.k = [np.zeros(shape, np.float32) for _ in range(cfg.n_layer)]
         self.v = [np.zeros(shape, np.float32) for _ in range(cfg.n_layer)]

@@ -127,6 +127,12 @@ def test_bad_tokens_leave_the_sequence_as_it_was():
     assert seq.n == 10 and len(seq.tokens) == 10 and pool.manager.num_free == 5
 
 
+def test_without_prefix_caching_nothing_is_shared():
+    manager = BlockManager(num_blocks=8, block_size=4, prefix_caching=False)
+    manager.allocate("a", list(range(9)))
+    assert manager.allocate("b", list(range(9))) == 0 and manager.num_free == 2
+
+
 def test_deallocate_returns_every_block():
     manager = BlockManager(num_blocks=10, block_size=4)
     manager.allocate("a", list(range(13)))
