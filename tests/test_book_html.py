@@ -77,18 +77,50 @@ def test_external_url_scan_finds_cdn_scripts(tmp_path):
     assert external_urls(tmp_path) == [("a.html", "https://cdn.example.org/x.js"), ("b.css", "//fonts.example/f.woff")]
 
 
-def test_slider_switches_the_plot_in_a_browser(slider_site):
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def need_chromium():
     if CHROMIUM is None:
         if os.environ.get("CI"):
             pytest.fail("Chromium is required in CI (apt-get install chromium)")
         pytest.skip("Chromium not installed (apt-get install chromium)")
+
+
+def test_every_built_page_loads_offline_with_its_widgets():
+    site = ROOT / "_build" / "html"
+    if not (site / "index.html").exists():
+        pytest.skip("the book has not been built (jupyter-book build --all -W --keep-going .)")
+    need_chromium()
+    from playwright.sync_api import sync_playwright
+
+    problems = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        for path in sorted((site / "book").glob("*.html")):
+            page = browser.new_page()
+            failed, outside = [], []
+            page.on("requestfailed", lambda r: failed.append(r.url))
+            page.on("request", lambda r: None if r.url.startswith(("file:", "data:", "blob:")) else outside.append(r.url))
+            page.goto(path.as_uri())
+            page.wait_for_load_state("load")
+            if "application/vnd.jupyter.widget-state+json" in path.read_text():
+                page.locator(".widget-slider").first.wait_for(timeout=30_000)
+            if failed or outside:
+                problems.append((path.name, failed, outside))
+            page.close()
+        browser.close()
+    assert problems == []
+
+
+def test_slider_switches_the_plot_in_a_browser(slider_site):
+    need_chromium()
     from playwright.sync_api import sync_playwright
 
     requests = []
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page()
         page.on("request", lambda r: requests.append(r.url))
         failed = []
