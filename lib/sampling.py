@@ -36,7 +36,11 @@ def check_probs(probs) -> np.ndarray:
 
 def sample(probs, rng: np.random.Generator) -> int:
     """Draw one index from a probability vector with a seeded generator."""
-    p = check_probs(probs)
+    return draw(check_probs(probs), rng)
+
+
+def draw(p: np.ndarray, rng: np.random.Generator) -> int:
+    """`sample` without the checks, for distributions this engine computed itself (inverse CDF)."""
     c = np.cumsum(p)  # (V,)
     return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), p.size - 1))
 
@@ -45,4 +49,4 @@ def next_token(logits, temperature: float, rng: np.random.Generator) -> int:
     """Greedy at temperature 0 (no random number is drawn), else a sample from the softmax."""
     if temperature == 0:
         return int(np.argmax(logits))
-    return sample(probs_from_logits(logits, temperature), rng)
+    return draw(probs_from_logits(logits, temperature), rng)

@@ -17,7 +17,7 @@ from .config import ModelConfig
 from .kv_cache import KVCache
 from .lean import cached_step
 from .model import check_tokens
-from .sampling import probs_from_logits, sample
+from .sampling import draw, probs_from_logits
 
 
 def residual(p, q) -> np.ndarray:
@@ -42,7 +42,7 @@ def accept_or_resample(p, q, x: int, rng: np.random.Generator):
     """Judge drafted token x ~ q against the target's p: (True, x) or (False, token from the residual)."""
     if rng.random() < min(1.0, p[x] / q[x]):
         return True, x
-    return False, sample(residual(p, q), rng)
+    return False, draw(residual(p, q), rng)
 
 
 @dataclass
@@ -103,7 +103,7 @@ class ModelDrafter:
             logits = self.step(np.array(feed), self.cache)[-1]  # (V,)
             self.calls += 1
             q = probs_from_logits(logits, self.temperature)  # (V,)
-            x = sample(q, rng) if self.temperature > 0 else int(np.argmax(q))
+            x = draw(q, rng) if self.temperature > 0 else int(np.argmax(q))
             tokens.append(x)
             qs.append(q)
             feed = [x]
@@ -195,7 +195,7 @@ def speculative_generate(target, draft, prompt, n_new: int, k: int = 4, temperat
             stats.accepted_at[i] += 1
             n_ok += 1
         if nxt is None:  # every draft token accepted: a bonus token from the last target position
-            nxt = sample(ps[k_round], rng) if temperature > 0 else int(np.argmax(ps[k_round]))
+            nxt = draw(ps[k_round], rng) if temperature > 0 else int(np.argmax(ps[k_round]))
         for i in range(k_round):
             stats.drafted_at[i] += 1
         stats.rounds += 1
