@@ -127,9 +127,11 @@ class PromptLookup:
             raise ValueError(f"max_ngram must be >= 1, got {max_ngram}")
         self.max_ngram = max_ngram
 
-    def start(self, prompt, vocab_size):
-        self.history, self.vocab_size, self.calls = list(prompt[:-1]), vocab_size, 0
-        return self
+    def start(self, prompt, vocab_size) -> "PromptLookup":
+        """A fresh drafter for one generation (this object stays reusable)."""
+        state = PromptLookup(self.max_ngram)
+        state.history, state.vocab_size, state.calls = [int(t) for t in prompt[:-1]], vocab_size, 0
+        return state
 
     def propose(self, last, k, rng):
         seq = self.history + [last]
