@@ -93,11 +93,10 @@ def check_tokens(tokens, cfg: ModelConfig, start: int = 0) -> np.ndarray:
     arr = np.asarray(tokens)
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"tokens must be a non-empty 1-D sequence of ids, got shape {arr.shape}")
-    if not np.issubdtype(arr.dtype, np.integer):
+    if arr.dtype.kind not in "iu":
         raise ValueError(f"tokens must be integer ids, got dtype {arr.dtype}")
-    bad = (arr < 0) | (arr >= cfg.vocab_size)
-    if bad.any():
-        pos = int(np.argmax(bad))
+    if arr.min() < 0 or arr.max() >= cfg.vocab_size:
+        pos = int(np.argmax((arr < 0) | (arr >= cfg.vocab_size)))
         raise ValueError(f"token id {int(arr[pos])} at index {pos} is outside the vocabulary 0..{cfg.vocab_size - 1}")
     if start + arr.size > cfg.block_size:
         raise ValueError(
