@@ -78,3 +78,16 @@ def test_a_few_steps_lower_the_loss():
     losses = record["curve"]["train_loss"]
     assert np.mean(losses[-10:]) < np.mean(losses[:5]) - 0.5
     assert record["corpus_sha256"] == corpus.sha256
+
+
+def test_corpus_skips_missing_or_non_ascii_modules_and_says_so(tmp_path, monkeypatch):
+    import sysconfig
+
+    from lib import corpus as corpus_module
+    real = load_corpus().sha256
+    (tmp_path / "abc.py").write_text("x = 1\n")
+    (tmp_path / "ast.py").write_text("name = 'caf\u00e9'\n", encoding="latin-1")
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})
+    c = corpus_module.load_corpus()
+    assert c.train_modules == ("abc",) and "ast" in c.skipped and len(c.skipped) == len(MODULES) - 1
+    assert c.sha256 != real
