@@ -1,5 +1,6 @@
 """The engine of the book: a small numpy GPT-2-shaped model and the techniques that make its
-inference fast. Every chapter imports it; see DESIGN in the README for one module per idea."""
+inference fast, one module per idea (the README lists them). Every chapter imports it; the
+names most chapters use are re-exported here."""
 from .config import DRAFT, TARGET, ModelConfig
 from .generate import Generation, complete, generate
 from .kv_cache import KVCache
