@@ -24,8 +24,8 @@ from .model import init_params, load, save
 
 PRESETS = {"target": TARGET, "draft": DRAFT}
 UPTRAINED = {"target-kv2": 2, "target-kv1": 1}  # name -> K/V heads, converted from the shipped target
-DEFAULTS = {"target": (4500, 2.5e-3, 200), "draft": (3000, 4e-3, 200),  # steps, peak lr, warm-up
-            "target-kv2": (225, 1e-3, 20), "target-kv1": (225, 1e-3, 20)}
+DEFAULTS = {"target": (4500, 2.5e-3, 200, 250), "draft": (3000, 4e-3, 200, 250),  # steps, peak lr, warm-up,
+            "target-kv2": (225, 1e-3, 20, 25), "target-kv1": (225, 1e-3, 20, 25)}  # evaluate every n steps
 GELU_C = math.sqrt(2.0 / math.pi)
 
 
@@ -245,7 +245,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="folder for <model>.npz/.json (default: lib/weights)")
     args = ap.parse_args(argv)
-    steps, lr, warmup = DEFAULTS[args.model]
+    steps, lr, warmup, eval_every = DEFAULTS[args.model]
     steps, lr = args.steps or steps, args.lr or lr
     init, record_extra = None, {}
     if args.model in UPTRAINED:
@@ -256,7 +256,8 @@ def main(argv=None):
     corpus = load_corpus()
     if init is not None:
         record_extra["held_out_loss_at_conversion"] = round(evaluate(init, cfg, corpus.held_out, args.seq_len), 4)
-    params, record = train(cfg, steps, args.batch, args.seq_len, lr, warmup, seed=args.seed, corpus=corpus, init=init)
+    params, record = train(cfg, steps, args.batch, args.seq_len, lr, warmup, seed=args.seed,
+                           eval_every=eval_every, corpus=corpus, init=init)
     record.update(record_extra)
     record["held_out_loss"] = round(evaluate(params, cfg, corpus.held_out, args.seq_len), 4)
     record["held_out_sample_loss"] = round(evaluate(params, cfg, corpus.held_out, args.seq_len, count=4), 5)
