@@ -56,6 +56,7 @@ class LeanModel:
             ))
         self.head = _folded(params["ln_f.weight"], params["ln_f.bias"], params["lm_head.weight"].T)
         self.center = np.eye(C, dtype=np.float32) - 1.0 / C  # x @ center == x - mean(x)
+        self.causal = np.triu(np.full((cfg.block_size, cfg.block_size), -np.inf, np.float32), 1)  # row i sees 0..i
         self.mean_vec = np.full((C, 1), 1.0 / C, np.float32)
         self.buffers = {}  # T -> (normalized input with a 1 column (T, C+1), MLP hidden with a 1 column (T, 4C+1))
 
@@ -69,7 +70,7 @@ class LeanModel:
 
     def _normalize(self, x, xa, xn):
         """Write (x - mean) / sqrt(var + eps) into xn, the first C columns of xa; return xa."""
-        np.matmul(x, self.center, out=xn)  # (T, C) centred
+        np.matmul(x, self.center, out=xn)  # (T, C) centred (xn is a strided view: dot's out= needs contiguous)
         var = (xn * xn) @ self.mean_vec  # (T, 1)
         var += 1e-5
         np.sqrt(var, out=var)
@@ -87,21 +88,21 @@ class LeanModel:
         C, KV, D, Hkv, G = cfg.n_embd, cfg.kv_dim, cfg.head_dim, cfg.n_kv_head, cfg.group_size
         xa, xn, ua, un = self._buffers(T)
         x = self.wte[tokens] + self.wpe[start:S]  # (T, C) the residual stream
-        future = np.arange(S)[None, :] > np.arange(start, S)[:, None] if T > 1 else None  # (T, S)
+        mask = self.causal[start:S, :S] if T > 1 else None  # (T, S): -inf on future positions
         for i, (attn_w, proj_w, fc_w, mproj_w) in enumerate(self.layers):
-            qkv = self._normalize(x, xa, xn) @ attn_w  # (T, C + 2*KV), bias and scale folded in
+            qkv = np.dot(self._normalize(x, xa, xn), attn_w)  # (T, C + 2*KV), bias and scale folded in
             q = qkv[:, :C].reshape(T, Hkv, G, D).transpose(1, 2, 0, 3).reshape(Hkv, G * T, D)
             cache.write(i, qkv[:, C:C + KV].reshape(T, Hkv, D).transpose(1, 0, 2),
                         qkv[:, C + KV:].reshape(T, Hkv, D).transpose(1, 0, 2))
             k_all, v_all = cache.read(i, S)  # (Hkv, S, D)
             att = q @ k_all.transpose(0, 2, 1)  # (Hkv, G*T, S)
-            if future is not None:
-                att.reshape(Hkv, G, T, S)[:, :, future] = -np.inf
+            if mask is not None:
+                att.reshape(Hkv, G, T, S)[...] += mask
             att -= att.max(axis=-1, keepdims=True)
             np.exp(att, out=att)
             att /= att.sum(axis=-1, keepdims=True)
             y = (att @ v_all).reshape(Hkv, G, T, D).transpose(2, 0, 1, 3).reshape(T, C)  # (T, C)
-            x += y @ proj_w
+            x += np.dot(y, proj_w)
             np.matmul(self._normalize(x, xa, xn), fc_w, out=un)  # (T, 4C) = h
             u = un * un  # GELU: h (1 + tanh(c h (1 + 0.044715 h^2))), its 0.5 folded into mproj_w
             u *= GELU_C * 0.044715
@@ -110,9 +111,9 @@ class LeanModel:
             np.tanh(u, out=u)
             u += 1.0
             un *= u
-            x += ua @ mproj_w  # (T, C), bias folded in
+            x += np.dot(ua, mproj_w)  # (T, C), bias folded in
         cache.advance(T)
-        return self._normalize(x, xa, xn) @ self.head  # (T, V)
+        return np.dot(self._normalize(x, xa, xn), self.head)  # (T, V)
 
 
 def cached_step(model):
