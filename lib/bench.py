@@ -121,7 +121,9 @@ def memory_gbps(mbytes: int = 256) -> float:
 
 # ----------------------------------------------------------------------------- the benchmark
 
-def _prompts(count=4, length=16):
+def held_out_prompts(count: int = 4, length: int = 16):
+    """`count` line starts of `length` characters, spread evenly over the held-out text (lines
+    whose start holds at least 12 non-blank characters)."""
     from .corpus import load_corpus
     from .tokenizer import decode, encode
     lines = [l for l in decode(load_corpus().held_out).split("\n") if len(l[:length].strip()) >= 12]
@@ -195,14 +197,14 @@ def run(out=print):
         c = d_step / one
         out(f"draft step (lean) {d_step * 1e3:.3f} ms vs target {one * 1e3:.3f} ms: c = {c:.2f}\n")
 
-        prompt = _prompts(1)[0]
+        prompt = held_out_prompts(1)[0]
         t_none = median_time(lambda: generate(tp, tcfg, prompt, 256, use_cache=False), repeats=1, warmup=0)
         t_plain = median_time(lambda: generate(tp, tcfg, prompt, 256), repeats=3, warmup=1)
         t_lean = median_time(lambda: generate(tp, tcfg, prompt, 256, step=lean_t), repeats=3, warmup=1)
         out(f"256-token greedy generation: no cache {t_none:.3f} s, plain cache {t_plain:.3f} s, lean cache "
             f"{t_lean:.3f} s ({t_none / t_lean:.0f}x and {t_plain / t_lean:.1f}x faster)\n")
 
-        prompts = _prompts(4)
+        prompts = held_out_prompts(4)
         out("speculative decoding, lean target + lean draft, 4 prompts x 96 tokens vs target-only lean decoding")
         for temp in (0.0, 0.7):
             base = lambda: [generate(tp, tcfg, p, 96, temp, seed=i, step=lean_t) for i, p in enumerate(prompts)]

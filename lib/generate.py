@@ -10,9 +10,20 @@ import numpy as np
 
 from .config import ModelConfig
 from .kv_cache import KVCache
-from .model import check_tokens, forward, forward_cached
+from .lean import cached_step
+from .model import check_tokens, forward
 from .sampling import next_token, probs_from_logits
 from .tokenizer import decode, encode
+
+
+def check_request(prompt_len: int, n_new, context: int, temperature: float) -> None:
+    """Reject a generation request before any work: n_new >= 1, it fits the context, temperature >= 0."""
+    if not isinstance(n_new, (int, np.integer)) or n_new < 1:
+        raise ValueError(f"n_new must be a positive integer, got {n_new!r}")
+    if prompt_len + n_new > context:
+        raise ValueError(f"prompt ({prompt_len} tokens) plus generation ({n_new}) is longer than "
+                         f"the context of {context} positions")
+    probs_from_logits(np.zeros(1), temperature)  # raises on a negative temperature
 
 
 class Generation(NamedTuple):
@@ -28,15 +39,10 @@ def generate(params, cfg: ModelConfig, prompt, n_new: int, temperature: float = 
     `forward_cached` with these params (a `lib.lean.LeanModel` is the fast alternative).
     """
     prompt = check_tokens(prompt, cfg)
-    if not isinstance(n_new, (int, np.integer)) or n_new < 1:
-        raise ValueError(f"n_new must be a positive integer, got {n_new!r}")
-    if len(prompt) + n_new > cfg.block_size:
-        raise ValueError(f"prompt ({len(prompt)} tokens) plus generation ({n_new}) is longer than "
-                         f"the context of {cfg.block_size} positions")
-    probs_from_logits(np.zeros(1), temperature)  # validates the temperature before any work
+    check_request(len(prompt), n_new, cfg.block_size, temperature)
     rng = np.random.default_rng(seed)
     out, logits = [], []
-    step_fn = step or (lambda tokens, cache: forward_cached(params, cfg, tokens, cache))
+    step_fn = step or cached_step((params, cfg))[1]
     if use_cache:
         cache = KVCache(cfg, len(prompt) + n_new)
         last = step_fn(prompt, cache)[-1]  # (V,) prefill

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import ModelConfig
+from .generate import check_request
 from .kv_cache import KVCache
 from .lean import cached_step
 from .model import check_tokens
@@ -161,13 +162,7 @@ def speculative_generate(target, draft, prompt, n_new: int, k: int = 4, temperat
     dcfg = tcfg if isinstance(draft, PromptLookup) else cached_step(draft)[0]
     check_pair(tcfg, dcfg, k)
     prompt = check_tokens(prompt, tcfg)
-    if not isinstance(n_new, (int, np.integer)) or n_new < 1:
-        raise ValueError(f"n_new must be a positive integer, got {n_new!r}")
-    limit = min(tcfg.block_size, dcfg.block_size)
-    if len(prompt) + n_new > limit:
-        raise ValueError(f"prompt ({len(prompt)} tokens) plus generation ({n_new}) is longer than "
-                         f"the context of {limit} positions")
-    probs_from_logits(np.zeros(1), temperature)  # validates the temperature
+    check_request(len(prompt), n_new, min(tcfg.block_size, dcfg.block_size), temperature)
     rng = np.random.default_rng(seed)
     max_len = len(prompt) + n_new
     if isinstance(draft, PromptLookup):
