@@ -64,12 +64,12 @@ class KVCache:
 
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store K, V (Hkv, T, D) of T new positions at n..n+T-1 (n advances in `advance`)."""
-        T = k.shape[1]
-        new = slice(self.n, self.n + T)
+        new = slice(self.n, self.n + k.shape[1])
+        if self.granularity is None:  # float32 or float16: a plain store (cast on assignment)
+            self.k[layer][:, new] = k
+            self.v[layer][:, new] = v
+            return
         for x, store, scales in ((k, self.k, self.k_scale), (v, self.v, self.v_scale)):
-            if self.granularity is None:
-                store[layer][:, new] = x
-                continue
             if self.granularity == "position":
                 scales[layer][:, new] = quant.position_scales(x, self.kind)
                 scale = scales[layer][:, new].astype(np.float32)  # (Hkv, T, 1)
@@ -85,7 +85,7 @@ class KVCache:
             if self.granularity == "position":
                 ks, vs = ks[:, :end].astype(np.float32), vs[:, :end].astype(np.float32)
             return quant.dequantize(k, ks, self.kind), quant.dequantize(v, vs, self.kind)
-        if self.dtype != np.float32:
+        if self.kind == "float16":
             return k.astype(np.float32), v.astype(np.float32)
         return k, v
 

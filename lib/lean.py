@@ -1,12 +1,27 @@
 """The lean cached path: the same model as `model.forward_cached`, with fewer and cheaper numpy calls.
 
 A small model on a CPU is limited by the fixed cost of each numpy call, not by arithmetic
-(the same observation that motivates fused kernels and CUDA graphs in GPU servers). Done once
-when the model is loaded: LayerNorm gains and biases are folded into the matrix that follows
-them, the attention scale 1/sqrt(D) into the query columns, and every weight is made
-contiguous. Per call: row means by matmul instead of np.mean, x*x*x instead of x**3, no mask
-for a single new token, exp/sum/divide in place with `out=`. It is tested exact against the
-plain reference `model.forward`.
+(the same observation that motivates fused kernels and CUDA graphs in GPU servers). So the
+work is moved from every call to load time, where it is free. Done once, when the model is
+loaded (the weight processing of TransformerLens, Nanda & Bloom 2022):
+
+- LayerNorm gains and biases are folded into the matrix that follows them, and each bias
+  rides along as an extra weight row against a constant 1 column of the input buffer;
+- the attention scale 1/sqrt(D) is folded into the query columns;
+- every matrix that writes into the residual stream, and the embeddings, are centred (each
+  row minus its mean), so the residual stream always has zero mean and LayerNorm needs no
+  centring: the stream is only ever read through LayerNorm, which ignores its mean;
+- GELU's constants are folded into the MLP weights: with h' = s*h and s^3 = c*0.044715,
+  GELU(h) = 0.5 h (1 + tanh(c(h + 0.044715 h^3))) = (h' / 2s) (1 + tanh(h'(h'^2 + c/s))), the
+  1/2s going into the MLP's output matrix: six calls instead of eight.
+
+Per call: LayerNorm is two numpy calls for one token (a dot product, the rest in Python floats)
+and four for several; there is no mask for a single new token; softmax skips the row maximum
+unless a score overflows (see `LeanModel.__call__`); softmax and GELU work in place with `out=`
+on preallocated buffers; 2-5 rows go through the weights as a batch of one-row products, which
+OpenBLAS runs faster than its general product at that size. The target's decode step makes
+about 90 numpy calls against the plain path's 206. It is tested exact against the plain
+reference `model.forward`.
 """
 import math
 
@@ -17,22 +32,22 @@ from .kv_cache import KVCache
 from .model import check_tokens, forward_cached
 
 GELU_C = math.sqrt(2.0 / math.pi)
+GELU_S = (GELU_C * 0.044715) ** (1 / 3)  # h' = GELU_S * h makes the cubic coefficient 1
+LN_EPS = 1e-5
+BATCHED_ROWS = 5  # up to this many rows, a batch of one-row products beats one gemm (see _product)
 
 
 def _folded(g, b, w, bias=None, scale=None):
-    """LayerNorm(x; g, b) @ w + bias == [xhat, 1] @ w' with w' = [g[:, None] * w ; b @ w + bias].
-
-    The bias rides along as the last row, multiplied by a constant 1 column of the input buffer.
-    """
+    """LayerNorm(x; g, b) @ w + bias == [xhat, 1] @ w' with w' = [g[:, None] * w ; b @ w + bias]."""
     w2 = np.vstack([g[:, None] * w, (b @ w + (0 if bias is None else bias))[None, :]])  # (C + 1, out)
     if scale is not None:
         w2 = w2 * scale
     return w2.astype(np.float32)  # a fresh C-contiguous array (of the input's array type)
 
 
-def _with_bias(w, bias, scale=1.0):
-    """[u, 1] @ w' == scale * u @ w + bias."""
-    return np.vstack([w * scale, bias[None, :]]).astype(np.float32)
+def _centred(w):
+    """w with each row's mean removed: every output of u @ w then has zero mean over its row."""
+    return (w - w.mean(axis=-1, keepdims=True)).astype(np.float32)
 
 
 class LeanModel:
@@ -43,77 +58,127 @@ class LeanModel:
         C, D = cfg.n_embd, cfg.head_dim
         scale = np.ones(C + 2 * cfg.kv_dim, np.float32)
         scale[:C] = 1.0 / math.sqrt(D)  # attention scale folded into the query columns
-        self.wte, self.wpe = params["wte.weight"], params["wpe.weight"]
+        self.wte, self.wpe = _centred(params["wte.weight"]), _centred(params["wpe.weight"])
         self.layers = []
         for i in range(cfg.n_layer):
             p = f"h.{i}."
+            mproj = np.vstack([params[p + "mlp.c_proj.weight"] / (2 * GELU_S), params[p + "mlp.c_proj.bias"][None, :]])
             self.layers.append((
                 _folded(params[p + "ln_1.weight"], params[p + "ln_1.bias"], params[p + "attn.c_attn.weight"], scale=scale),
-                params[p + "attn.c_proj.weight"].astype(np.float32),  # contiguous copy
+                _centred(params[p + "attn.c_proj.weight"]),  # (C, C)
                 _folded(params[p + "ln_2.weight"], params[p + "ln_2.bias"], params[p + "mlp.c_fc.weight"],
-                        params[p + "mlp.c_fc.bias"]),
-                _with_bias(params[p + "mlp.c_proj.weight"], params[p + "mlp.c_proj.bias"], 0.5),  # GELU's 0.5
+                        params[p + "mlp.c_fc.bias"], scale=GELU_S),  # (C + 1, 4C), gives h' = s*h
+                _centred(mproj),  # (4C + 1, C): [2s * gelu(h), 1] @ this == gelu(h) @ c_proj + bias, centred
             ))
         self.head = _folded(params["ln_f.weight"], params["ln_f.bias"], params["lm_head.weight"].T)
-        self.center = np.eye(C, dtype=np.float32) - 1.0 / C  # x @ center == x - mean(x)
+        self.mean_eps = np.append(np.full(C, 1.0 / C), LN_EPS).astype(np.float32)[:, None]  # (C + 1, 1)
         self.causal = np.triu(np.full((cfg.block_size, cfg.block_size), -np.inf, np.float32), 1)  # row i sees 0..i
-        self.mean_vec = np.full((C, 1), 1.0 / C, np.float32)
-        self.buffers = {}  # T -> (normalized input with a 1 column (T, C+1), MLP hidden with a 1 column (T, 4C+1))
+        self.buffers = {}  # T -> Buffers
 
     def _buffers(self, T):
         if T not in self.buffers:
-            C = self.cfg.n_embd
-            # ones_like keeps the weights' array type, so lib.bench.count_ops also sees the buffers
-            xa, ua = np.ones_like(self.head, shape=(T, C + 1)), np.ones_like(self.head, shape=(T, 4 * C + 1))
-            self.buffers[T] = (xa, xa[:, :C], ua, ua[:, :4 * C])
+            self.buffers[T] = _Buffers(self.head, T, self.cfg.n_embd)
         return self.buffers[T]
 
-    def _normalize(self, x, xa, xn):
-        """Write (x - mean) / sqrt(var + eps) into xn, the first C columns of xa; return xa."""
-        np.matmul(x, self.center, out=xn)  # (T, C) centred (xn is a strided view: dot's out= needs contiguous)
-        var = (xn * xn) @ self.mean_vec  # (T, 1)
-        var += 1e-5
-        np.sqrt(var, out=var)
-        xn /= var
-        return xa
+    def _normalize(self, x, b):
+        """Write x / sqrt(mean(x^2) + eps) into b.xn, the first C columns of b.xa; return b.xa.
+        x has zero mean (see the module docstring), so this is LayerNorm without gain and bias."""
+        if len(x) == 1:  # one token: the scalar arithmetic is cheaper in Python than in numpy
+            np.multiply(x, 1.0 / math.sqrt(float(np.vdot(x, x)) / x.shape[1] + LN_EPS), out=b.xn)
+            return b.xa
+        np.multiply(x, x, out=b.sqn)  # (T, C) beside a 1 column
+        np.dot(b.sq, self.mean_eps, out=b.var)  # (T, 1) mean of squares + eps
+        np.sqrt(b.var, out=b.var)
+        np.divide(x, b.var, out=b.xn)
+        return b.xa
 
     def __call__(self, new_tokens, cache: KVCache) -> np.ndarray:
-        """Append new tokens at positions cache.n.. and return their logits (T, V)."""
-        cfg = self.cfg
+        """Append new tokens at positions cache.n.. and return their logits (T, V).
+
+        Softmax first runs without subtracting the row maximum (two calls fewer per layer).
+        That is exact unless a score passes exp's float32 range (about 88), and then some
+        logit is inf or NaN: the step is rerun from the same cache position with the max."""
         start = cache.n
-        tokens = check_tokens(new_tokens, cfg, start)
-        T = len(tokens)
-        cache.check_room(T)
+        tokens = check_tokens(new_tokens, self.cfg, start)
+        cache.check_room(len(tokens))
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow here is handled just below
+            logits = self._forward(tokens, start, cache, stable=False)
+        if not math.isfinite(logits.sum()):
+            cache.truncate(start)
+            logits = self._forward(tokens, start, cache, stable=True)
+        return logits
+
+    def _forward(self, tokens, start, cache, stable):
+        cfg, T = self.cfg, len(tokens)
         S = start + T
         C, KV, D, Hkv, G = cfg.n_embd, cfg.kv_dim, cfg.head_dim, cfg.n_kv_head, cfg.group_size
-        xa, xn, ua, un = self._buffers(T)
-        x = self.wte[tokens] + self.wpe[start:S]  # (T, C) the residual stream
+        b, mm = self._buffers(T), _product(T)
+        x = self.wte[tokens] + self.wpe[start:S]  # (T, C) the residual stream, zero mean per row
         mask = self.causal[start:S, :S] if T > 1 else None  # (T, S): -inf on future positions
         for i, (attn_w, proj_w, fc_w, mproj_w) in enumerate(self.layers):
-            qkv = np.dot(self._normalize(x, xa, xn), attn_w)  # (T, C + 2*KV), bias and scale folded in
-            q = qkv[:, :C].reshape(T, Hkv, G, D).transpose(1, 2, 0, 3).reshape(Hkv, G * T, D)
-            cache.write(i, qkv[:, C:C + KV].reshape(T, Hkv, D).transpose(1, 0, 2),
-                        qkv[:, C + KV:].reshape(T, Hkv, D).transpose(1, 0, 2))
+            qkv = mm(self._normalize(x, b), attn_w)  # (T, C + 2*KV), bias and scale folded in
+            q, k, v = _heads(qkv, T, C, KV, Hkv, G, D)
+            cache.write(i, k, v)
             k_all, v_all = cache.read(i, S)  # (Hkv, S, D)
-            att = q @ k_all.transpose(0, 2, 1)  # (Hkv, G*T, S)
+            att = np.matmul(q, k_all.transpose(0, 2, 1))  # (Hkv, G*T, S)
             if mask is not None:
                 att.reshape(Hkv, G, T, S)[...] += mask
-            att -= att.max(axis=-1, keepdims=True)
+            if stable:
+                att -= att.max(axis=-1, keepdims=True)
             np.exp(att, out=att)
             att /= att.sum(axis=-1, keepdims=True)
-            y = (att @ v_all).reshape(Hkv, G, T, D).transpose(2, 0, 1, 3).reshape(T, C)  # (T, C)
-            x += np.dot(y, proj_w)
-            np.matmul(self._normalize(x, xa, xn), fc_w, out=un)  # (T, 4C) = h
-            u = un * un  # GELU: h (1 + tanh(c h (1 + 0.044715 h^2))), its 0.5 folded into mproj_w
-            u *= GELU_C * 0.044715
-            u += GELU_C
-            u *= un
-            np.tanh(u, out=u)
-            u += 1.0
-            un *= u
-            x += np.dot(ua, mproj_w)  # (T, C), bias folded in
+            y = np.matmul(att, v_all)  # (Hkv, G*T, D)
+            y = y.reshape(1, C) if T == 1 else y.reshape(Hkv, G, T, D).transpose(2, 0, 1, 3).reshape(T, C)
+            x += mm(y, proj_w)
+            mm(self._normalize(x, b), fc_w, out=b.hn)  # (T, 4C) h' = s*h
+            np.multiply(b.hn, b.hn, out=b.u)  # 2s * GELU(h) = h' (1 + tanh(h' (h'^2 + c/s)))
+            b.u += GELU_C / GELU_S
+            b.u *= b.hn
+            np.tanh(b.u, out=b.u)
+            b.u += 1.0
+            b.hn *= b.u
+            x += mm(b.ha, mproj_w)  # (T, C), bias folded in
         cache.advance(T)
-        return np.dot(self._normalize(x, xa, xn), self.head)  # (T, V)
+        return mm(self._normalize(x, b), self.head)  # (T, V)
+
+
+def _product(T):
+    """The cheapest a @ w (with optional out=) for T rows of a, on OpenBLAS: its general product
+    (gemm) has a fixed cost that makes 2-5 rows cost 3-4 times one row, while a batch of one-row
+    products costs about as many one-row products as it has rows (see `python -m lib.bench`)."""
+    if T == 1:
+        return np.dot  # one row: OpenBLAS's matrix-vector product
+    if T <= BATCHED_ROWS:
+        return _rows_as_batch
+    return np.matmul  # (np.dot's out= must be contiguous; the buffers' column views are not)
+
+
+def _rows_as_batch(a, w, out=None):
+    return np.matmul(a[:, None, :], w, out=None if out is None else out[:, None, :])[:, 0]  # (T, 1, N) -> (T, N)
+
+
+def _heads(qkv, T, C, KV, Hkv, G, D):
+    """Split (T, C + 2*KV) into q (Hkv, G*T, D), grouped by the K/V head it reads, and k, v
+    (Hkv, T, D). Views only; a single token needs fewer of them."""
+    if T == 1:
+        return qkv[0, :C].reshape(Hkv, G, D), qkv[0, C:C + KV].reshape(Hkv, 1, D), qkv[0, C + KV:].reshape(Hkv, 1, D)
+    return (qkv[:, :C].reshape(T, Hkv, G, D).transpose(1, 2, 0, 3).reshape(Hkv, G * T, D),
+            qkv[:, C:C + KV].reshape(T, Hkv, D).transpose(1, 0, 2), qkv[:, C + KV:].reshape(T, Hkv, D).transpose(1, 0, 2))
+
+
+class _Buffers:
+    """Preallocated per-call arrays for T new tokens; `like` keeps the weights' array type, so
+    lib.bench.count_ops also sees calls on the buffers."""
+
+    def __init__(self, like, T, C):
+        self.xa = np.ones_like(like, shape=(T, C + 1))  # normalized input beside a 1 column
+        self.xn = self.xa[:, :C]
+        self.sq = np.ones_like(like, shape=(T, C + 1))  # squares beside a 1 column (picks up eps)
+        self.sqn = self.sq[:, :C]
+        self.var = np.empty_like(like, shape=(T, 1))
+        self.ha = np.ones_like(like, shape=(T, 4 * C + 1))  # MLP activation beside a 1 column
+        self.hn = self.ha[:, :4 * C]
+        self.u = np.empty_like(like, shape=(T, 4 * C))
 
 
 def cached_step(model):

@@ -38,7 +38,8 @@ def test_bad_tokens_do_not_touch_the_cache():
     forward_cached(PARAMS, DRAFT, np.arange(4), cache)
     before = [k.copy() for k in cache.k]
     for bad, message in [([1, 96], "token id 96 at index 1"), ([-1], "token id -1"), ([], "non-empty"),
-                         ([[1, 2]], "1-D"), ([1.5], "integer ids")]:
+                         ([[1, 2]], "1-D"), ([1.5], "integer ids"), (np.array([-3], np.int8), "token id -3"),
+                         (np.array([2, 2**63], np.uint64), f"token id {2**63} at index 1")]:
         with pytest.raises(ValueError, match=message):
             forward_cached(PARAMS, DRAFT, np.array(bad), cache)
     assert cache.n == 4 and all((a == b).all() for a, b in zip(before, cache.k))

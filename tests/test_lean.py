@@ -1,4 +1,6 @@
 """The lean path is the same model: exact against the plain reference on every config."""
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -25,6 +27,34 @@ def test_lean_equals_reference_for_any_chunking(model, data):
         out.append(lean(tokens[i:i + size], cache))
         i += size
     np.testing.assert_allclose(np.concatenate(out), forward(params, cfg, tokens), atol=1e-5, rtol=0)
+
+
+def test_overflowing_scores_rerun_with_the_stable_softmax(model):
+    """Scores far past exp's float32 range: the fast softmax overflows, the step is redone with
+    the row maximum subtracted, and the result (and the cache) is still the reference's."""
+    params, cfg = model
+    params = dict(params)
+    C = cfg.n_embd
+    for i in range(cfg.n_layer):
+        w = params[f"h.{i}.attn.c_attn.weight"].copy()
+        w[:, :C + cfg.kv_dim] *= 100.0  # queries and keys: scores grow 10,000-fold
+        params[f"h.{i}.attn.c_attn.weight"] = w
+    tokens = np.arange(24) % cfg.vocab_size
+    lean, cache = LeanModel(params, cfg), KVCache(cfg, 24)
+    stable_flags = []
+    fast_forward = lean._forward
+    lean._forward = lambda *args, stable: stable_flags.append(stable) or fast_forward(*args, stable=stable)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the overflow is handled, so the user sees no warning
+        out = np.concatenate([lean(tokens[:20], cache), lean(tokens[20:], cache)])
+    assert True in stable_flags, "the scores were meant to overflow the fast softmax"
+    ref = forward(params, cfg, tokens)
+    np.testing.assert_allclose(out, ref, atol=1e-4 * np.abs(ref).max(), rtol=0)  # float32 with scores near 1e3
+    assert cache.n == 24
+    ref_cache = KVCache(cfg, 24)
+    forward_cached(params, cfg, tokens, ref_cache)
+    for mine, theirs in zip(cache.k + cache.v, ref_cache.k + ref_cache.v):
+        np.testing.assert_allclose(mine, theirs, atol=1e-4 * np.abs(theirs).max(), rtol=0)
 
 
 def test_lean_refuses_what_the_plain_path_refuses(model):
