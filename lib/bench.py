@@ -130,8 +130,9 @@ def held_out_prompts(count: int = 4, length: int = 16):
     return [encode(lines[i * len(lines) // count][:length]) for i in range(count)]
 
 
-def _stepper(step, cfg, position, n_tokens=1):
-    """A call that runs `step` on n_tokens new tokens after `position` cached ones, then drops them."""
+def stepper(step, cfg, position: int, n_tokens: int = 1):
+    """A function that runs step(new_tokens, cache) on n_tokens new tokens after `position`
+    cached ones, then drops them again: one cached call, ready to time."""
     from .kv_cache import KVCache
     cache = KVCache(cfg)
     step(np.arange(position) % cfg.vocab_size, cache)
@@ -161,7 +162,9 @@ def _product_times(C, rows=(1, 2, 5)):
     return out
 
 
-def _step_calls(step_builder, params, cfg, position):
+def numpy_calls_per_step(step_builder, params, cfg, position: int = 128) -> int:
+    """Numpy calls of one decode step at `position` by step_builder(params) (a function of
+    (new_tokens, cache)), not counting the calls that build it."""
     from .kv_cache import KVCache
     cache = KVCache(cfg)
     step_builder(params)(np.arange(position) % cfg.vocab_size, cache)
@@ -191,12 +194,12 @@ def run(out=print):
 
         out("cached decode step of the target (ms)     plain     lean   lean/plain (paired)")
         for pos in (16, 64, 128, 256, 511):
-            plain_call, lean_call = _stepper(plain_t, tcfg, pos), _stepper(lean_t, tcfg, pos)
+            plain_call, lean_call = stepper(plain_t, tcfg, pos), stepper(lean_t, tcfg, pos)
             a, b = median_time(plain_call, min_seconds=0.02), median_time(lean_call, min_seconds=0.02)
             ratios[f"step_{pos}"] = _ratio(plain_call, lean_call)
             out(f"  position {pos:3d}                         {a * 1e3:7.3f}  {b * 1e3:7.3f}   {ratios[f'step_{pos}']:6.2f}")
-        calls_plain = _step_calls(lambda p: (lambda t, c: forward_cached(p, tcfg, t, c)), tp, tcfg, 128)
-        calls_lean = _step_calls(lambda p: LeanModel(p, tcfg), tp, tcfg, 128)
+        calls_plain = numpy_calls_per_step(lambda p: (lambda t, c: forward_cached(p, tcfg, t, c)), tp, tcfg, 128)
+        calls_lean = numpy_calls_per_step(lambda p: LeanModel(p, tcfg), tp, tcfg, 128)
         out(f"  numpy calls per step                    {calls_plain:5d}    {calls_lean:5d}\n")
 
         out("prefill (ms)                       one call  one by one  ratio")
@@ -208,17 +211,17 @@ def run(out=print):
             a, b = median_time(lambda: fill(n), repeats=5), median_time(lambda: fill(1), repeats=3, warmup=1)
             out(f"  {n:3d} tokens (plain path)             {a * 1e3:7.2f}   {b * 1e3:8.2f}  {b / a:5.1f}x")
 
-        one = _stepper(lean_t, tcfg, 128)
+        one = stepper(lean_t, tcfg, 128)
         verify = {1: 1.0}
         out("\nverification on the lean path, position 128 (x one token, paired)")
         for n in (2, 3, 5, 9):
-            verify[n] = ratios[f"verify_{n}"] = _ratio(one, _stepper(lean_t, tcfg, 128, n))
+            verify[n] = ratios[f"verify_{n}"] = _ratio(one, stepper(lean_t, tcfg, 128, n))
             out(f"  {n} tokens                                 {verify[n]:.2f}x")
         C = tcfg.n_embd
         out(f"  why: one (T, {C + 1}) @ ({C + 1}, {3 * C}) product, us     as one gemm   as T one-row products")
         for t, (gemm, rows) in _product_times(C).items():
             out(f"    T = {t}                                    {gemm:6.1f}       {rows:6.1f}")
-        c = _ratio(one, _stepper(lean_d, dcfg, 128))
+        c = _ratio(one, stepper(lean_d, dcfg, 128))
         out(f"draft step (lean) vs target step (lean), paired: c = {c:.2f}\n")
 
         prompt = held_out_prompts(1)[0]
@@ -239,7 +242,7 @@ def run(out=print):
                                 for i, p in enumerate(prompts)]
                 runs = spec()
                 alpha = sum(s.accepted for _, s in runs) / sum(s.judged for _, s in runs)
-                verify_cost = verify.get(k + 1) or _ratio(one, _stepper(lean_t, tcfg, 128, k + 1))
+                verify_cost = verify.get(k + 1) or _ratio(one, stepper(lean_t, tcfg, 128, k + 1))
                 with_verify = expected_tokens_per_call(alpha, k) / (k * c + verify_cost)
                 row = (paired_speedup(base, spec), k, alpha, expected_speedup(alpha, k, c), with_verify, verify_cost)
                 out(f"  T={temp} k={k}: alpha {alpha:.3f}, speed-up {row[0]:.2f}x "
