@@ -97,15 +97,16 @@ class LeanModel:
 
         Softmax first runs without subtracting the row maximum (two calls fewer per layer).
         That is exact unless a score passes exp's float32 range (about 88), and then some
-        logit is inf or NaN: the step is rerun from the same cache position with the max."""
+        logit is inf or NaN: the step is rerun with the max. The cache advances only after
+        that, so both runs write the same positions."""
         start = cache.n
         tokens = check_tokens(new_tokens, self.cfg, start)
         cache.check_room(len(tokens))
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow here is handled just below
             logits = self._forward(tokens, start, cache, stable=False)
         if not math.isfinite(logits.sum()):
-            cache.truncate(start)
-            logits = self._forward(tokens, start, cache, stable=True)
+            logits = self._forward(tokens, start, cache, stable=True)  # rewrites the same positions
+        cache.advance(len(tokens))
         return logits
 
     def _forward(self, tokens, start, cache, stable):
@@ -138,7 +139,6 @@ class LeanModel:
             b.u += 1.0
             b.hn *= b.u
             x += mm(b.ha, mproj_w)  # (T, C), bias folded in
-        cache.advance(T)
         return mm(self._normalize(x, b), self.head)  # (T, V)
 
 

@@ -11,6 +11,7 @@ from lib.generate import generate
 from lib.kv_cache import KVCache
 from lib.lean import LeanModel
 from lib.model import forward, forward_cached, load
+from lib.paged import PagedKVCache
 from lib.speculative import speculative_generate
 from lib.tokenizer import encode
 
@@ -30,32 +31,45 @@ def test_lean_equals_reference_for_any_chunking(model, data):
     np.testing.assert_allclose(np.concatenate(out), forward(params, cfg, tokens), atol=1e-5, rtol=0)
 
 
-def test_overflowing_scores_rerun_with_the_stable_softmax(model):
-    """Scores far past exp's float32 range: the fast softmax overflows, the step is redone with
-    the row maximum subtracted, and the result (and the cache) is still the reference's."""
-    params, cfg = model
+def _overflowing(params, cfg):
+    """The model with queries and keys scaled 100-fold: scores grow 10,000-fold, past exp's range."""
     params = dict(params)
-    C = cfg.n_embd
     for i in range(cfg.n_layer):
         w = params[f"h.{i}.attn.c_attn.weight"].copy()
-        w[:, :C + cfg.kv_dim] *= 100.0  # queries and keys: scores grow 10,000-fold
+        w[:, :cfg.n_embd + cfg.kv_dim] *= 100.0
         params[f"h.{i}.attn.c_attn.weight"] = w
+    return params
+
+
+@pytest.mark.parametrize("cache_kind", ["contiguous", "paged"])
+def test_overflowing_scores_rerun_with_the_stable_softmax(model, cache_kind):
+    """The fast softmax overflows, the step is redone with the row maximum subtracted, and the
+    result (and the cache) is still the reference's, on either kind of cache."""
+    params, cfg = model
+    params = _overflowing(params, cfg)
     tokens = np.arange(24) % cfg.vocab_size
-    lean, cache = LeanModel(params, cfg), KVCache(cfg, 24)
+    lean = LeanModel(params, cfg)
     stable_flags = []
     fast_forward = lean._forward
     lean._forward = lambda *args, stable: stable_flags.append(stable) or fast_forward(*args, stable=stable)
+    if cache_kind == "paged":
+        cache = PagedKVCache(cfg, num_blocks=4, block_size=8).add("s", tokens)
+        run = lambda chunk: cache.feed(chunk, lean)
+    else:
+        cache = KVCache(cfg, 24)
+        run = lambda chunk: lean(chunk, cache)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the overflow is handled, so the user sees no warning
-        out = np.concatenate([lean(tokens[:20], cache), lean(tokens[20:], cache)])
+        out = np.concatenate([run(tokens[:20]), run(tokens[20:])])
     assert True in stable_flags, "the scores were meant to overflow the fast softmax"
     ref = forward(params, cfg, tokens)
     np.testing.assert_allclose(out, ref, atol=1e-4 * np.abs(ref).max(), rtol=0)  # float32 with scores near 1e3
     assert cache.n == 24
     ref_cache = KVCache(cfg, 24)
     forward_cached(params, cfg, tokens, ref_cache)
-    for mine, theirs in zip(cache.k + cache.v, ref_cache.k + ref_cache.v):
-        np.testing.assert_allclose(mine, theirs, atol=1e-4 * np.abs(theirs).max(), rtol=0)
+    for i in range(cfg.n_layer):
+        for mine, theirs in zip(cache.read(i, 24), ref_cache.read(i, 24)):
+            np.testing.assert_allclose(mine, theirs, atol=1e-4 * np.abs(theirs).max(), rtol=0)
 
 
 def test_lean_refuses_what_the_plain_path_refuses(model):
