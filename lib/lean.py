@@ -24,6 +24,7 @@ about 90 numpy calls against the plain path's 206. It is tested exact against th
 reference `model.forward`.
 """
 import math
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -42,12 +43,12 @@ def _folded(g, b, w, bias=None, scale=None):
     w2 = np.vstack([g[:, None] * w, (b @ w + (0 if bias is None else bias))[None, :]])  # (C + 1, out)
     if scale is not None:
         w2 = w2 * scale
-    return w2.astype(np.float32)  # a fresh C-contiguous array (of the input's array type)
+    return w2.astype(np.float32, order="C")  # a fresh C-contiguous array (of the input's array type)
 
 
 def _centred(w):
     """w with each row's mean removed: every output of u @ w then has zero mean over its row."""
-    return (w - w.mean(axis=-1, keepdims=True)).astype(np.float32)
+    return (w - w.mean(axis=-1, keepdims=True)).astype(np.float32, order="C")
 
 
 class LeanModel:
@@ -73,11 +74,14 @@ class LeanModel:
         self.head = _folded(params["ln_f.weight"], params["ln_f.bias"], params["lm_head.weight"].T)
         self.mean_eps = np.append(np.full(C, 1.0 / C), LN_EPS).astype(np.float32)[:, None]  # (C + 1, 1)
         self.causal = np.triu(np.full((cfg.block_size, cfg.block_size), -np.inf, np.float32), 1)  # row i sees 0..i
-        self.buffers = {}  # T -> Buffers
+        self.store = _Buffers(self.head, 1, C)  # grows to the most rows seen; memory stays bounded
+        self.buffers = {}  # T -> views of the first T rows of self.store
 
     def _buffers(self, T):
         if T not in self.buffers:
-            self.buffers[T] = _Buffers(self.head, T, self.cfg.n_embd)
+            if T > self.store.rows:
+                self.store, self.buffers = _Buffers(self.head, max(T, 2 * self.store.rows), self.cfg.n_embd), {}
+            self.buffers[T] = self.store.first(T)
         return self.buffers[T]
 
     def _normalize(self, x, b):
@@ -167,18 +171,22 @@ def _heads(qkv, T, C, KV, Hkv, G, D):
 
 
 class _Buffers:
-    """Preallocated per-call arrays for T new tokens; `like` keeps the weights' array type, so
+    """Preallocated arrays for up to `rows` new tokens; `like` keeps the weights' array type, so
     lib.bench.count_ops also sees calls on the buffers."""
 
-    def __init__(self, like, T, C):
-        self.xa = np.ones_like(like, shape=(T, C + 1))  # normalized input beside a 1 column
-        self.xn = self.xa[:, :C]
-        self.sq = np.ones_like(like, shape=(T, C + 1))  # squares beside a 1 column (picks up eps)
-        self.sqn = self.sq[:, :C]
-        self.var = np.empty_like(like, shape=(T, 1))
-        self.ha = np.ones_like(like, shape=(T, 4 * C + 1))  # MLP activation beside a 1 column
-        self.hn = self.ha[:, :4 * C]
-        self.u = np.empty_like(like, shape=(T, 4 * C))
+    def __init__(self, like, rows, C):
+        self.rows, self.C = rows, C
+        self.xa = np.ones_like(like, shape=(rows, C + 1), order="C")  # normalized input beside a 1 column
+        self.sq = np.ones_like(like, shape=(rows, C + 1), order="C")  # squares beside a 1 column (picks up eps)
+        self.var = np.empty_like(like, shape=(rows, 1), order="C")
+        self.ha = np.ones_like(like, shape=(rows, 4 * C + 1), order="C")  # MLP activation beside a 1 column
+        self.u = np.empty_like(like, shape=(rows, 4 * C), order="C")
+
+    def first(self, T) -> SimpleNamespace:
+        """Views of the first T rows, and of their first C (or 4C) columns: xn, sqn, hn."""
+        C, xa, sq, ha = self.C, self.xa[:T], self.sq[:T], self.ha[:T]
+        return SimpleNamespace(xa=xa, xn=xa[:, :C], sq=sq, sqn=sq[:, :C], var=self.var[:T],
+                               ha=ha, hn=ha[:, :4 * C], u=self.u[:T])
 
 
 def cached_step(model):

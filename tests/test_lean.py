@@ -108,3 +108,13 @@ def test_lean_step_makes_at_most_half_the_numpy_calls(model):
     assert lean <= plain / 2
     if cfg == TARGET:
         assert lean <= 150  # the engine's goal for the target's decode step
+
+
+def test_work_buffers_are_sized_by_the_longest_call():
+    """Calls of many lengths share one set of buffers, sized by the longest: memory stays bounded."""
+    params, cfg = load("draft")
+    lean = LeanModel(params, cfg)
+    for n in range(1, 41):
+        lean(np.arange(n) % cfg.vocab_size, KVCache(cfg, n))
+    assert 40 <= lean.store.rows < 80
+    assert all(np.shares_memory(view.ha, lean.store.ha) for view in lean.buffers.values())
