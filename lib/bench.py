@@ -42,11 +42,17 @@ def median_time(fn, repeats: int = 7, warmup: int = 2, min_seconds: float = 0.0)
     return float(np.median(times))
 
 
-def paired_speedup(baseline, candidate, repeats: int = 3, min_seconds: float = 0.0) -> float:
-    """Median over back-to-back runs of baseline time / candidate time, so slow drifts of the
-    machine's speed cancel out of each ratio."""
+def paired_times(baseline, candidate, repeats: int = 3, min_seconds: float = 0.0) -> np.ndarray:
+    """Times of baseline and candidate run back to back, `repeats` times: (repeats, 2) seconds.
+    Ratios taken row by row are immune to slow drifts of the machine's speed."""
     timed = lambda fn: median_time(fn, repeats=1, warmup=0, min_seconds=min_seconds)
-    return float(np.median([timed(baseline) / timed(candidate) for _ in range(repeats)]))
+    return np.array([(timed(baseline), timed(candidate)) for _ in range(repeats)])
+
+
+def paired_speedup(baseline, candidate, repeats: int = 3, min_seconds: float = 0.0) -> float:
+    """Median over back-to-back runs of baseline time / candidate time."""
+    times = paired_times(baseline, candidate, repeats, min_seconds)
+    return float(np.median(times[:, 0] / times[:, 1]))
 
 
 @dataclass
@@ -144,9 +150,15 @@ def stepper(step, cfg, position: int, n_tokens: int = 1):
     return call
 
 
+def _paired(baseline, candidate):
+    """(baseline seconds, candidate seconds, candidate / baseline): medians of 9 back-to-back pairs."""
+    times = paired_times(baseline, candidate, repeats=9, min_seconds=0.01)
+    return float(np.median(times[:, 0])), float(np.median(times[:, 1])), float(np.median(times[:, 1] / times[:, 0]))
+
+
 def _ratio(baseline, candidate) -> float:
-    """candidate time / baseline time, paired (see paired_speedup)."""
-    return 1.0 / paired_speedup(baseline, candidate, repeats=9, min_seconds=0.01)
+    """candidate time / baseline time, paired."""
+    return _paired(baseline, candidate)[2]
 
 
 def _product_times(C, rows=(1, 2, 5)):
@@ -194,9 +206,7 @@ def run(out=print):
 
         out("cached decode step of the target (ms)     plain     lean   lean/plain (paired)")
         for pos in (16, 64, 128, 256, 511):
-            plain_call, lean_call = stepper(plain_t, tcfg, pos), stepper(lean_t, tcfg, pos)
-            a, b = median_time(plain_call, min_seconds=0.02), median_time(lean_call, min_seconds=0.02)
-            ratios[f"step_{pos}"] = _ratio(plain_call, lean_call)
+            a, b, ratios[f"step_{pos}"] = _paired(stepper(plain_t, tcfg, pos), stepper(lean_t, tcfg, pos))
             out(f"  position {pos:3d}                         {a * 1e3:7.3f}  {b * 1e3:7.3f}   {ratios[f'step_{pos}']:6.2f}")
         calls_plain = numpy_calls_per_step(lambda p: (lambda t, c: forward_cached(p, tcfg, t, c)), tp, tcfg, 128)
         calls_lean = numpy_calls_per_step(lambda p: LeanModel(p, tcfg), tp, tcfg, 128)
