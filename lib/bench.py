@@ -49,6 +49,13 @@ def paired_times(baseline, candidate, repeats: int = 3, min_seconds: float = 0.0
     return np.array([(timed(baseline), timed(candidate)) for _ in range(repeats)])
 
 
+def paired(baseline, candidate, repeats: int = 9, min_seconds: float = 0.01):
+    """(baseline seconds, candidate seconds, candidate / baseline), each the median over
+    back-to-back pairs, for timing single calls."""
+    times = paired_times(baseline, candidate, repeats, min_seconds)
+    return float(np.median(times[:, 0])), float(np.median(times[:, 1])), float(np.median(times[:, 1] / times[:, 0]))
+
+
 def paired_speedup(baseline, candidate, repeats: int = 3, min_seconds: float = 0.0) -> float:
     """Median over back-to-back runs of baseline time / candidate time."""
     times = paired_times(baseline, candidate, repeats, min_seconds)
@@ -150,27 +157,17 @@ def stepper(step, cfg, position: int, n_tokens: int = 1):
     return call
 
 
-def _paired(baseline, candidate):
-    """(baseline seconds, candidate seconds, candidate / baseline): medians of 9 back-to-back pairs."""
-    times = paired_times(baseline, candidate, repeats=9, min_seconds=0.01)
-    return float(np.median(times[:, 0])), float(np.median(times[:, 1])), float(np.median(times[:, 1] / times[:, 0]))
-
-
-def _ratio(baseline, candidate) -> float:
-    """candidate time / baseline time, paired."""
-    return _paired(baseline, candidate)[2]
-
-
 def _product_times(C, rows=(1, 2, 5)):
     """Microseconds of one (T, C+1) @ (C+1, 3C) product (a layer's q|k|v): as one general product
     (np.dot) and as a batch of one-row products (what the lean path does for 2..5 rows)."""
+    from .lean import rows_as_batch
     rng = np.random.default_rng(0)
     w = rng.standard_normal((C + 1, 3 * C), np.float32)
     out = {}
     for t in rows:
         a = rng.standard_normal((t, C + 1), np.float32)
         out[t] = (median_time(lambda: np.dot(a, w), min_seconds=0.01) * 1e6,
-                  median_time(lambda: np.matmul(a[:, None, :], w), min_seconds=0.01) * 1e6)
+                  median_time(lambda: rows_as_batch(a, w), min_seconds=0.01) * 1e6)
     return out
 
 
@@ -190,14 +187,14 @@ def run(out=print):
 
     from .generate import generate
     from .kv_cache import KVCache
-    from .lean import LeanModel
-    from .model import forward_cached, load
-    from .speculative import expected_speedup, expected_tokens_per_call, speculative_generate
+    from .lean import LeanModel, cached_step
+    from .model import load
+    from .speculative import expected_speedup, speculative_generate
 
     target, draft = load("target"), load("draft")
     (tp, tcfg), (dp, dcfg) = target, draft
     lean_t, lean_d = LeanModel(tp, tcfg), LeanModel(dp, dcfg)
-    plain_t = lambda tokens, cache: forward_cached(tp, tcfg, tokens, cache)
+    plain_t = cached_step(target)[1]
     ratios = {}
     with single_thread():
         blas = [(i["internal_api"], i["num_threads"], i.get("architecture")) for i in threadpool_info()]
@@ -206,9 +203,9 @@ def run(out=print):
 
         out("cached decode step of the target (ms)     plain     lean   lean/plain (paired)")
         for pos in (16, 64, 128, 256, 511):
-            a, b, ratios[f"step_{pos}"] = _paired(stepper(plain_t, tcfg, pos), stepper(lean_t, tcfg, pos))
+            a, b, ratios[f"step_{pos}"] = paired(stepper(plain_t, tcfg, pos), stepper(lean_t, tcfg, pos))
             out(f"  position {pos:3d}                         {a * 1e3:7.3f}  {b * 1e3:7.3f}   {ratios[f'step_{pos}']:6.2f}")
-        calls_plain = numpy_calls_per_step(lambda p: (lambda t, c: forward_cached(p, tcfg, t, c)), tp, tcfg, 128)
+        calls_plain = numpy_calls_per_step(lambda p: cached_step((p, tcfg))[1], tp, tcfg, 128)
         calls_lean = numpy_calls_per_step(lambda p: LeanModel(p, tcfg), tp, tcfg, 128)
         out(f"  numpy calls per step                    {calls_plain:5d}    {calls_lean:5d}\n")
 
@@ -217,7 +214,7 @@ def run(out=print):
             def fill(chunk):
                 cache = KVCache(tcfg, n)
                 for i in range(0, n, chunk):
-                    plain_t(np.arange(i, min(i + chunk, n)) % 96, cache)
+                    plain_t(np.arange(i, min(i + chunk, n)) % tcfg.vocab_size, cache)
             a, b = median_time(lambda: fill(n), repeats=5), median_time(lambda: fill(1), repeats=3, warmup=1)
             out(f"  {n:3d} tokens (plain path)             {a * 1e3:7.2f}   {b * 1e3:8.2f}  {b / a:5.1f}x")
 
@@ -225,13 +222,13 @@ def run(out=print):
         verify = {1: 1.0}
         out("\nverification on the lean path, position 128 (x one token, paired)")
         for n in (2, 3, 5, 9):
-            verify[n] = ratios[f"verify_{n}"] = _ratio(one, stepper(lean_t, tcfg, 128, n))
+            verify[n] = ratios[f"verify_{n}"] = paired(one, stepper(lean_t, tcfg, 128, n))[2]
             out(f"  {n} tokens                                 {verify[n]:.2f}x")
         C = tcfg.n_embd
         out(f"  why: one (T, {C + 1}) @ ({C + 1}, {3 * C}) product, us     as one gemm   as T one-row products")
         for t, (gemm, rows) in _product_times(C).items():
             out(f"    T = {t}                                    {gemm:6.1f}       {rows:6.1f}")
-        c = _ratio(one, stepper(lean_d, dcfg, 128))
+        c = paired(one, stepper(lean_d, dcfg, 128))[2]
         out(f"draft step (lean) vs target step (lean), paired: c = {c:.2f}\n")
 
         prompt = held_out_prompts(1)[0]
@@ -252,14 +249,14 @@ def run(out=print):
                                 for i, p in enumerate(prompts)]
                 runs = spec()
                 alpha = sum(s.accepted for _, s in runs) / sum(s.judged for _, s in runs)
-                verify_cost = verify.get(k + 1) or _ratio(one, stepper(lean_t, tcfg, 128, k + 1))
-                with_verify = expected_tokens_per_call(alpha, k) / (k * c + verify_cost)
+                verify_cost = verify.get(k + 1) or paired(one, stepper(lean_t, tcfg, 128, k + 1))[2]
+                with_verify = expected_speedup(alpha, k, c, verify_cost)
                 row = (paired_speedup(base, spec), k, alpha, expected_speedup(alpha, k, c), with_verify, verify_cost)
                 out(f"  T={temp} k={k}: alpha {alpha:.3f}, speed-up {row[0]:.2f}x "
                     f"(Theorem 3.8: {row[3]:.2f}x, +verify: {with_verify:.2f}x)")
                 rows.append(row)
             best = max(rows)
-            ceiling = max(expected_tokens_per_call(r[2], r[1]) / r[5] for r in rows)
+            ceiling = max(expected_speedup(r[2], r[1], 0.0, r[5]) for r in rows)
             ratios[f"spec_{temp}"], ratios[f"spec_vs_theorem_{temp}"] = best[0], best[0] / best[3]
             out(f"  -> best k = {best[1]} at T={temp}: {best[0]:.2f}x, {best[0] / best[3]:.2f} of Theorem 3.8; "
                 f"even a free draft (c = 0) would give at most {ceiling:.2f}x at these verification costs\n")

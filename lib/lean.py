@@ -30,11 +30,9 @@ import numpy as np
 
 from .config import ModelConfig
 from .kv_cache import KVCache
-from .model import check_tokens, forward_cached
+from .model import GELU_C, LN_EPS, check_tokens, forward_cached
 
-GELU_C = math.sqrt(2.0 / math.pi)
 GELU_S = (GELU_C * 0.044715) ** (1 / 3)  # h' = GELU_S * h makes the cubic coefficient 1
-LN_EPS = 1e-5
 BATCHED_ROWS = 5  # up to this many rows, a batch of one-row products beats one gemm (see _product)
 
 
@@ -153,11 +151,12 @@ def _product(T):
     if T == 1:
         return np.dot  # one row: OpenBLAS's matrix-vector product
     if T <= BATCHED_ROWS:
-        return _rows_as_batch
+        return rows_as_batch
     return np.matmul  # (np.dot's out= must be contiguous; the buffers' column views are not)
 
 
-def _rows_as_batch(a, w, out=None):
+def rows_as_batch(a, w, out=None):
+    """a @ w as a batch of one-row products (T, 1, K) @ (K, N), with an optional out= (T, N)."""
     return np.matmul(a[:, None, :], w, out=None if out is None else out[:, None, :])[:, 0]  # (T, 1, N) -> (T, N)
 
 

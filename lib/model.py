@@ -20,11 +20,13 @@ from .config import ModelConfig
 from .kv_cache import KVCache
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
+GELU_C = math.sqrt(2.0 / math.pi)  # GPT-2's tanh approximation of GELU
+LN_EPS = 1e-5
 
 
 # ----------------------------------------------------------------------------- building blocks
 
-def layer_norm(x, g, b, eps=1e-5):
+def layer_norm(x, g, b, eps=LN_EPS):
     mu = x.mean(axis=-1, keepdims=True)  # (..., 1)
     var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)  # (..., 1)
     return (x - mu) / np.sqrt(var + eps) * g + b  # (..., C)
@@ -32,7 +34,7 @@ def layer_norm(x, g, b, eps=1e-5):
 
 def gelu(x):
     """The tanh approximation used by GPT-2."""
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1.0 + np.tanh(GELU_C * (x + 0.044715 * x ** 3)))
 
 
 def softmax(x, axis=-1):

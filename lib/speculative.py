@@ -216,6 +216,9 @@ def expected_tokens_per_call(alpha: float, k: int) -> float:
     return k + 1.0 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
-def expected_speedup(alpha: float, k: int, c: float) -> float:
-    """Theorem 3.8: walltime improvement (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)), c = draft / target cost."""
-    return expected_tokens_per_call(alpha, k) / (k * c + 1)
+def expected_speedup(alpha: float, k: int, c: float, verify: float = 1.0) -> float:
+    """Theorem 3.8: walltime improvement (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)), c = draft / target cost.
+
+    `verify` replaces the theorem's assumption that a (k+1)-token target call costs as much as a
+    one-token call: pass the measured ratio of the two to get the same accounting with it."""
+    return expected_tokens_per_call(alpha, k) / (k * c + verify)

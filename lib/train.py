@@ -20,18 +20,17 @@ from tqdm.auto import tqdm
 from .config import DRAFT, TARGET, ModelConfig
 from .corpus import load_corpus
 from .gqa import mean_pool_kv
-from .model import init_params, load, save
+from .model import GELU_C, LN_EPS, init_params, load, save
 
 PRESETS = {"target": TARGET, "draft": DRAFT}
 UPTRAINED = {"target-kv2": 2, "target-kv1": 1}  # name -> K/V heads, converted from the shipped target
 DEFAULTS = {"target": (4500, 2.5e-3, 200, 250), "draft": (3000, 4e-3, 200, 250),  # steps, peak lr, warm-up,
             "target-kv2": (225, 1e-3, 20, 25), "target-kv1": (225, 1e-3, 20, 25)}  # evaluate every n steps
-GELU_C = math.sqrt(2.0 / math.pi)
 
 
 # ----------------------------------------------------------------------------- layer pairs
 
-def ln_fwd(x, g, b, eps=1e-5):
+def ln_fwd(x, g, b, eps=LN_EPS):
     mu = x.mean(axis=-1, keepdims=True)  # (B, T, 1)
     rstd = 1.0 / np.sqrt(((x - mu) ** 2).mean(axis=-1, keepdims=True) + eps)  # (B, T, 1)
     xhat = (x - mu) * rstd  # (B, T, C)

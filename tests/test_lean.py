@@ -9,7 +9,7 @@ from lib.bench import numpy_calls_per_step
 from lib.config import TARGET
 from lib.generate import generate
 from lib.kv_cache import KVCache
-from lib.lean import LeanModel
+from lib.lean import LeanModel, cached_step
 from lib.model import forward, forward_cached, load
 from lib.paged import PagedKVCache
 from lib.speculative import speculative_generate
@@ -103,7 +103,7 @@ def test_speculative_on_lean_models_equals_plain():
 
 def test_lean_step_makes_at_most_half_the_numpy_calls(model):
     params, cfg = model
-    plain = numpy_calls_per_step(lambda p: (lambda tokens, cache: forward_cached(p, cfg, tokens, cache)), params, cfg, 40)
+    plain = numpy_calls_per_step(lambda p: cached_step((p, cfg))[1], params, cfg, 40)
     lean = numpy_calls_per_step(lambda p: LeanModel(p, cfg), params, cfg, 40)
     assert lean <= plain / 2
     if cfg == TARGET:

@@ -111,6 +111,13 @@ def test_formulas():
     assert expected_tokens_per_call(1.0, 5) == 6.0
     assert expected_tokens_per_call(0.5, 2) == pytest.approx(1.75)
     assert expected_speedup(0.5, 2, 0.25) == pytest.approx(1.75 / 1.5)
+    assert expected_speedup(0.5, 2, 0.25, verify=2.0) == pytest.approx(1.75 / 2.5)
+
+
+@given(alpha=st.floats(0, 1), k=st.integers(1, 16))
+def test_a_free_draft_cannot_beat_verification_that_costs_a_step_per_token(alpha, k):
+    """If a (k+1)-token call costs k+1 one-token calls, speculation gains nothing even at c = 0."""
+    assert expected_speedup(alpha, k, 0.0, verify=k + 1) <= 1.0 + 1e-12
 
 
 @pytest.mark.parametrize("kwargs,message", [
