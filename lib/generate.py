@@ -12,7 +12,7 @@ from .config import ModelConfig
 from .kv_cache import KVCache
 from .lean import cached_step
 from .model import check_tokens, forward
-from .sampling import next_token, probs_from_logits
+from .sampling import check_temperature, next_token
 from .tokenizer import decode, encode
 
 
@@ -23,7 +23,7 @@ def check_request(prompt_len: int, n_new, context: int, temperature: float) -> N
     if prompt_len + n_new > context:
         raise ValueError(f"prompt ({prompt_len} tokens) plus generation ({n_new}) is longer than "
                          f"the context of {context} positions")
-    probs_from_logits(np.zeros(1), temperature)  # raises on a negative temperature
+    check_temperature(temperature)
 
 
 class Generation(NamedTuple):

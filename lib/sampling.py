@@ -9,10 +9,14 @@ import numpy as np
 PROB_TOL = 1e-6  # how far a probability vector may sum from 1
 
 
-def probs_from_logits(logits, temperature: float = 1.0) -> np.ndarray:
-    """Softmax of logits / temperature in float64 over the last axis; temperature 0 gives one-hot argmax."""
+def check_temperature(temperature: float) -> None:
     if not np.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
+
+
+def probs_from_logits(logits, temperature: float = 1.0) -> np.ndarray:
+    """Softmax of logits / temperature in float64 over the last axis; temperature 0 gives one-hot argmax."""
+    check_temperature(temperature)
     z = np.asarray(logits, dtype=np.float64)
     if temperature == 0:
         return np.eye(z.shape[-1])[z.argmax(axis=-1)]  # (..., V) one-hot
