@@ -82,8 +82,7 @@ class BlockManager:
             raise ValueError(f"sequence {seq_id!r} is already allocated")
         if not tokens:
             raise ValueError("a sequence needs at least one token")
-        bs, table, cached, parent = self.block_size, [], 0, ""
-        hits = []
+        bs, table, hits, parent = self.block_size, [], [], ""
         for i in range(0, len(tokens) - len(tokens) % bs, bs):  # full blocks, while they hit
             h = chain_hash(parent, tokens[i:i + bs])
             block = self.hash_to_block.get(h)
