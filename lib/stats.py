@@ -36,3 +36,22 @@ def chi_square_pvalue(counts, p) -> float:
         return 1.0
     expected = np.array(expected) * (sum(observed) / sum(expected))  # guard float drift in the totals
     return float(stats.chisquare(observed, expected).pvalue)
+
+
+def pool_rare(p, *freqs, min_prob: float):
+    """Keep the outcomes with p >= min_prob and pool the rest into one last outcome, in p and in each
+    frequency vector: fewer outcomes, so n samples resolve smaller differences."""
+    p = np.asarray(p, np.float64)
+    keep = p >= min_prob
+    pooled = [np.append(np.asarray(f, np.float64)[keep], np.asarray(f, np.float64)[~keep].sum()) for f in (p,) + freqs]
+    return pooled[0] if not freqs else tuple(pooled)
+
+
+def two_sample_tvd_null(p, n: int, trials: int = 1000, seed: int = 0) -> np.ndarray:
+    """The empirical noise floor of a two-sample comparison: the TVDs between the frequencies of
+    two independent sets of n draws from p, for `trials` pairs of sets (no normal approximation)."""
+    p = np.asarray(p, np.float64)
+    rng = np.random.default_rng(seed)
+    a = rng.multinomial(n, p / p.sum(), size=trials) / n  # (trials, V)
+    b = rng.multinomial(n, p / p.sum(), size=trials) / n  # (trials, V)
+    return 0.5 * np.abs(a - b).sum(axis=1)
