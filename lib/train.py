@@ -201,6 +201,20 @@ def evaluate(params, cfg, data, seq_len=512, count=None, batch=8):
     return sum(losses) / len(x)
 
 
+def held_out_loss(params, cfg, windows=None, corpus=None):
+    """The book's one held-out loss: nats per character over non-overlapping 512-character
+    windows of the held-out text, exactly as the training records compute it. windows=None uses
+    all of them (the records' `held_out_loss`); windows=n the first n (the records' curves use 32).
+    Returns (loss, on) where `on` names the windows, e.g. "the first 32 of 322 held-out windows"."""
+    data = (load_corpus() if corpus is None else corpus).held_out
+    total = (len(data) - 1) // 512
+    if windows is not None and not 1 <= windows <= total:
+        raise ValueError(f"windows must be between 1 and {total} (the held-out windows), got {windows}")
+    on = (f"all {total} held-out windows" if windows in (None, total)
+          else f"the first {windows} of {total} held-out windows")
+    return evaluate(params, cfg, data, 512, windows), on
+
+
 def train(cfg: ModelConfig, steps: int, batch: int = 8, seq_len: int = 512, lr: float = 2e-3,
           warmup: int = 200, seed: int = 0, eval_every: int = 250, eval_windows: int = 32,
           corpus=None, progress: bool = True, init: dict | None = None):
