@@ -17,8 +17,8 @@ loaded (the weight processing of TransformerLens, Nanda & Bloom 2022):
 
 Per call: LayerNorm is two numpy calls for one token (a dot product, the rest in Python floats)
 and four for several; there is no mask for a single new token; softmax skips the row maximum
-unless a score overflows (see `LeanModel.__call__`); softmax and GELU work in place with `out=`
-on preallocated buffers; 2-5 rows go through the weights as a batch of one-row products, which
+unless a row's sum of exponentials leaves the range where that is exact (`LeanModel.__call__`);
+softmax and GELU work in place with `out=` on preallocated buffers; 2-5 rows go through the weights as a batch of one-row products, which
 OpenBLAS runs faster than its general product at that size. The target's decode step makes
 about 90 numpy calls against the plain path's 206. It is tested exact against the plain
 reference `model.forward`.
@@ -33,6 +33,7 @@ from .kv_cache import KVCache
 from .model import GELU_C, LN_EPS, check_tokens, forward_cached
 
 GELU_S = (GELU_C * 0.044715) ** (1 / 3)  # h' = GELU_S * h makes the cubic coefficient 1
+SUM_MIN = 2.0 ** -100  # a row sum below this could lose precision to underflowed exponentials
 BATCHED_ROWS = 5  # up to this many rows, a batch of one-row products beats one gemm (see _product)
 
 
@@ -72,13 +73,13 @@ class LeanModel:
         self.head = _folded(params["ln_f.weight"], params["ln_f.bias"], params["lm_head.weight"].T)
         self.mean_eps = np.append(np.full(C, 1.0 / C), LN_EPS).astype(np.float32)[:, None]  # (C + 1, 1)
         self.causal = np.triu(np.full((cfg.block_size, cfg.block_size), -np.inf, np.float32), 1)  # row i sees 0..i
-        self.store = _Buffers(self.head, 1, C)  # grows to the most rows seen; memory stays bounded
+        self.store = _Buffers(self.head, 1, cfg)  # grows to the most rows seen; memory stays bounded
         self.buffers = {}  # T -> views of the first T rows of self.store
 
     def _buffers(self, T):
         if T not in self.buffers:
             if T > self.store.rows:
-                self.store, self.buffers = _Buffers(self.head, max(T, 2 * self.store.rows), self.cfg.n_embd), {}
+                self.store, self.buffers = _Buffers(self.head, max(T, 2 * self.store.rows), self.cfg), {}
             self.buffers[T] = self.store.first(T)
         return self.buffers[T]
 
@@ -97,19 +98,30 @@ class LeanModel:
     def __call__(self, new_tokens, cache: KVCache) -> np.ndarray:
         """Append new tokens at positions cache.n.. and return their logits (T, V).
 
-        Softmax first runs without subtracting the row maximum (two calls fewer per layer).
-        That is exact unless a score passes exp's float32 range (about 88), and then some
-        logit is inf or NaN: the step is rerun with the max. The cache advances only after
+        Softmax first runs without subtracting the row maximum (two calls fewer per layer). Every
+        row's sum of exponentials is kept, and the fast result is used only if all of them lie in
+        [SUM_MIN, float32 max]: then no exponential overflowed (each is at most its row's finite
+        sum) and none that underflowed matters (at most 512 * 2^-149 against a sum of at least
+        2^-100), so each weight is exp(s_j) / sum, the stable softmax's value, to float32 rounding.
+        Otherwise (one score past ~88, a dozen near 85 whose sum overflows, or every score of a row
+        far below 0) the step is rerun with the maximum subtracted. The cache advances only after
         that, so both runs write the same positions."""
         start = cache.n
         tokens = check_tokens(new_tokens, self.cfg, start)
+        self.check_cache(cache)
         cache.check_room(len(tokens))
-        with np.errstate(over="ignore", invalid="ignore"):  # an overflow here is handled just below
-            logits = self._forward(tokens, start, cache, stable=False)
-        if not math.isfinite(logits.sum()):
-            logits = self._forward(tokens, start, cache, stable=True)  # rewrites the same positions
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):  # checked just below
+            logits, sums = self._forward(tokens, start, cache, stable=False)
+            exact = SUM_MIN <= float(sums.min()) and math.isfinite(float(sums.max()))  # NaN fails both
+        if not exact:
+            logits, _ = self._forward(tokens, start, cache, stable=True)  # rewrites the same positions
         cache.advance(len(tokens))
         return logits
+
+    def check_cache(self, cache) -> None:
+        """The cache must have been made for this model's configuration."""
+        if getattr(cache, "cfg", None) is not self.cfg and getattr(cache, "cfg", None) != self.cfg:
+            raise ValueError(f"this KV cache was made for {getattr(cache, 'cfg', None)}, not for this model's {self.cfg}")
 
     def _forward(self, tokens, start, cache, stable):
         cfg, T = self.cfg, len(tokens)
@@ -129,7 +141,8 @@ class LeanModel:
             if stable:
                 att -= att.max(axis=-1, keepdims=True)
             np.exp(att, out=att)
-            att /= att.sum(axis=-1, keepdims=True)
+            sums = att.sum(axis=-1, keepdims=True, out=b.sums[i])  # (Hkv, G*T, 1), checked by __call__
+            att /= sums
             y = np.matmul(att, v_all)  # (Hkv, G*T, D)
             y = y.reshape(1, C) if T == 1 else y.reshape(Hkv, G, T, D).transpose(2, 0, 1, 3).reshape(T, C)
             x += mm(y, proj_w)
@@ -141,7 +154,7 @@ class LeanModel:
             b.u += 1.0
             b.hn *= b.u
             x += mm(b.ha, mproj_w)  # (T, C), bias folded in
-        return mm(self._normalize(x, b), self.head)  # (T, V)
+        return mm(self._normalize(x, b), self.head), b.sums  # (T, V), (L, Hkv, G*T, 1)
 
 
 def _product(T):
@@ -173,19 +186,22 @@ class _Buffers:
     """Preallocated arrays for up to `rows` new tokens; `like` keeps the weights' array type, so
     lib.bench.count_ops also sees calls on the buffers."""
 
-    def __init__(self, like, rows, C):
-        self.rows, self.C = rows, C
+    def __init__(self, like, rows, cfg: ModelConfig):
+        self.rows, self.C, self.G = rows, cfg.n_embd, cfg.group_size
+        C = cfg.n_embd
         self.xa = np.ones_like(like, shape=(rows, C + 1), order="C")  # normalized input beside a 1 column
         self.sq = np.ones_like(like, shape=(rows, C + 1), order="C")  # squares beside a 1 column (picks up eps)
         self.var = np.empty_like(like, shape=(rows, 1), order="C")
         self.ha = np.ones_like(like, shape=(rows, 4 * C + 1), order="C")  # MLP activation beside a 1 column
         self.u = np.empty_like(like, shape=(rows, 4 * C), order="C")
+        self.sums = np.empty_like(like, shape=(cfg.n_layer, cfg.n_kv_head, cfg.group_size * rows, 1), order="C")
 
     def first(self, T) -> SimpleNamespace:
-        """Views of the first T rows, and of their first C (or 4C) columns: xn, sqn, hn."""
+        """Views of the first T rows, and of their first C (or 4C) columns: xn, sqn, hn; and of
+        every layer's softmax row sums: sums (L, Hkv, G*T, 1)."""
         C, xa, sq, ha = self.C, self.xa[:T], self.sq[:T], self.ha[:T]
         return SimpleNamespace(xa=xa, xn=xa[:, :C], sq=sq, sqn=sq[:, :C], var=self.var[:T],
-                               ha=ha, hn=ha[:, :4 * C], u=self.u[:T])
+                               ha=ha, hn=ha[:, :4 * C], u=self.u[:T], sums=self.sums[:, :, :self.G * T])
 
 
 def cached_step(model):
