@@ -30,7 +30,7 @@ import numpy as np
 
 from .config import ModelConfig
 from .kv_cache import KVCache
-from .model import GELU_C, LN_EPS, check_tokens, forward_cached
+from .model import GELU_C, LN_EPS, check_cache, check_tokens, forward_cached
 
 GELU_S = (GELU_C * 0.044715) ** (1 / 3)  # h' = GELU_S * h makes the cubic coefficient 1
 SUM_MIN = 2.0 ** -100  # a row sum below this could lose precision to underflowed exponentials
@@ -108,7 +108,7 @@ class LeanModel:
         that, so both runs write the same positions."""
         start = cache.n
         tokens = check_tokens(new_tokens, self.cfg, start)
-        self.check_cache(cache)
+        check_cache(cache, self.cfg)
         cache.check_room(len(tokens))
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):  # checked just below
             logits, sums = self._forward(tokens, start, cache, stable=False)
@@ -117,11 +117,6 @@ class LeanModel:
             logits, _ = self._forward(tokens, start, cache, stable=True)  # rewrites the same positions
         cache.advance(len(tokens))
         return logits
-
-    def check_cache(self, cache) -> None:
-        """The cache must have been made for this model's configuration."""
-        if getattr(cache, "cfg", None) is not self.cfg and getattr(cache, "cfg", None) != self.cfg:
-            raise ValueError(f"this KV cache was made for {getattr(cache, 'cfg', None)}, not for this model's {self.cfg}")
 
     def _forward(self, tokens, start, cache, stable):
         cfg, T = self.cfg, len(tokens)

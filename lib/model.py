@@ -124,13 +124,23 @@ def forward(params, cfg: ModelConfig, tokens) -> np.ndarray:
     return head(params, x)  # (T, V)
 
 
+def check_cache(cache, cfg: ModelConfig) -> None:
+    """A cache (KVCache or PagedSequence) holds K/V of this config's shape: layers, K/V heads, head size."""
+    made = getattr(cache, "cfg", None)
+    if made is cfg:
+        return
+    if not isinstance(made, ModelConfig):
+        raise TypeError(f"expected a KV cache (lib.kv_cache.KVCache or a paged sequence), got {type(cache).__name__}")
+    if (made.n_layer, made.n_kv_head, made.head_dim) != (cfg.n_layer, cfg.n_kv_head, cfg.head_dim):
+        raise ValueError(f"this KV cache was made for {made}, not for {cfg}")
+
+
 def forward_cached(params, cfg: ModelConfig, new_tokens, cache: KVCache) -> np.ndarray:
     """Append new tokens at positions cache.n.. and return their logits (T, V).
 
     Everything is checked before the cache is touched, so a bad call leaves it as it was.
     """
-    if cache.cfg.n_layer != cfg.n_layer or cache.cfg.n_kv_head != cfg.n_kv_head or cache.cfg.head_dim != cfg.head_dim:
-        raise ValueError(f"this KV cache was made for {cache.cfg}, not for {cfg}")
+    check_cache(cache, cfg)
     start = cache.n
     tokens = check_tokens(new_tokens, cfg, start)
     T = len(tokens)
