@@ -6,15 +6,21 @@ and scale = max|x| / qmax over a group of values. The group is the granularity: 
 value quantization, Liu et al. 2024), per head or per tensor (one scale per layer and head, or per
 layer, fixed beforehand from a calibration run, like vLLM's `calculate_kv_scales` for its fp8
 cache). int4 codes are packed two to a byte, so the bytes really halve.
+
+fp8 stores x / scale as an 8-bit float, e4m3 (4 exponent bits, 3 mantissa bits, largest value 448),
+rounded exactly as vLLM's `kv_cache_dtype="fp8"` cache stores it (torch.float8_e4m3fn), with
+scale = max|x| / 448 over the same groups; the codes are the format's bit patterns (uint8).
 """
 import numpy as np
 
-QMAX = {"int8": 127, "int4": 7}
+QMAX = {"int8": 127, "int4": 7, "fp8": 448.0}  # fp8: the largest finite e4m3 value
 GRANULARITIES = ("position", "head", "tensor")
 
 
 def quantize(x, scale, kind: str):
     """Codes of x (..., D) for the given scale (broadcastable to x): int8, or int4 packed to (..., D/2) uint8."""
+    if kind == "fp8":
+        return fp8_encode(x / scale)  # (..., D) uint8
     qmax = QMAX[kind]
     q = np.rint(x / scale)  # (..., D)
     np.clip(q, -qmax, qmax, out=q)
@@ -26,6 +32,8 @@ def quantize(x, scale, kind: str):
 
 def dequantize(codes, scale, kind: str) -> np.ndarray:
     """float32 values from codes and scales (the inverse of quantize, up to rounding)."""
+    if kind == "fp8":
+        return fp8_decode(codes) * scale
     if kind == "int8":
         return codes.astype(np.float32) * scale
     lo = (codes & 0x0F).astype(np.int8) - 8
@@ -60,3 +68,32 @@ def static_scales(absmax, granularity: str, kind: str):
     if granularity == "head":
         return [(m / QMAX[kind]).astype(np.float32)[:, None, None] for m in absmax]
     return [np.full((1, 1, 1), m.max() / QMAX[kind], np.float32) for m in absmax]
+
+
+def _e4m3_values() -> np.ndarray:
+    """The 127 non-negative finite values of fp8 e4m3 ("e4m3fn": 4 exponent bits with bias 7, 3 mantissa
+    bits, no infinities, 0x7F is NaN), indexed by their bit pattern 0x00..0x7E, so increasing."""
+    e, m = np.divmod(np.arange(127), 8)  # exponent and mantissa fields of each code
+    return np.where(e == 0, m / 8 * 2.0 ** -6, (1 + m / 8) * 2.0 ** (e - 7))  # subnormals, then normals
+
+
+E4M3 = _e4m3_values()  # (127,) float64, 0 .. 448
+
+
+def fp8_encode(x) -> np.ndarray:
+    """fp8 e4m3 codes (uint8 bit patterns) of x: round to the nearest e4m3 value, ties to an even
+    mantissa, saturating at +-448 (like vLLM's fp8 KV cache, which stores torch.float8_e4m3fn values of
+    x / scale, clamped to the format's range first)."""
+    a = np.minimum(np.abs(np.asarray(x, np.float64)), E4M3[-1])  # (...,) saturate at 448
+    hi = np.minimum(np.searchsorted(E4M3, a), len(E4M3) - 1)  # first value >= a
+    lo = np.maximum(hi - 1, 0)
+    d_lo, d_hi = a - E4M3[lo], E4M3[hi] - a
+    code = np.where((d_hi < d_lo) | ((d_hi == d_lo) & (hi % 2 == 0)), hi, lo)  # nearest, ties to even
+    return (code | np.signbit(x) << 7).astype(np.uint8)  # sign bit, also on a value rounded to -0
+
+
+def fp8_decode(codes) -> np.ndarray:
+    """float32 values of fp8 e4m3 codes from fp8_encode."""
+    codes = np.asarray(codes, np.uint8)
+    value = E4M3[codes & 0x7F].astype(np.float32)
+    return np.where(codes & 0x80, -value, value)
