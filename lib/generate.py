@@ -12,7 +12,7 @@ from .config import ModelConfig
 from .kv_cache import KVCache
 from .lean import cached_step
 from .model import check_tokens, forward
-from .sampling import check_temperature, next_token
+from .sampling import check_seed, check_temperature, next_token
 from .tokenizer import decode, encode
 
 
@@ -40,7 +40,7 @@ def generate(params, cfg: ModelConfig, prompt, n_new: int, temperature: float = 
     """
     prompt = check_tokens(prompt, cfg)
     check_request(len(prompt), n_new, cfg.block_size, temperature)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed))
     out, logits = [], []
     step_fn = step or cached_step((params, cfg))[1]
     if use_cache:

@@ -92,6 +92,11 @@ class KVCache:
     def advance(self, count: int) -> None:
         self.n += count
 
+    def feed(self, new_tokens, step):
+        """Compute new tokens at positions n.. with step(new_tokens, cache) and return their logits
+        (T, V): the one way to advance a cache, shared with the paged `PagedSequence.feed`."""
+        return step(new_tokens, self)
+
     def truncate(self, n: int) -> None:
         """Keep the first n positions (drop rejected draft tokens); stale entries are overwritten later."""
         if not isinstance(n, (int, np.integer)) or not 0 <= n <= self.n:

@@ -5,11 +5,17 @@ positions taken from one pool, so memory is allocated as a sequence grows instea
 longest possible length. Full blocks are named by a chained hash of (parent hash, block tokens),
 checked token by token on a hit, so requests that share a prefix share its blocks (reference
 counts > 1; nano-vllm's BlockManager). A block that must change while shared is copied first
-(copy-on-write). `PagedSequence` offers the `KVCache` interface, so `model.forward_cached`
-runs through the block table unchanged.
+(copy-on-write).
+
+The rule that keeps prefix sharing exact: a block becomes findable by its hash only after the
+K/V of exactly its tokens have been written by a step that succeeded (`commit`), and a call that
+fails is undone (`rollback`). Slots are reserved for the tokens actually fed (`reserve`), which
+replace whatever the prompt had planned there. `PagedSequence` offers the `KVCache` interface,
+and `feed(new_tokens, step)` runs `model.forward_cached` (or a `LeanModel`) through the block table.
 """
 import hashlib
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 
@@ -22,43 +28,91 @@ def chain_hash(parent: str, tokens) -> str:
     return hashlib.sha256(parent.encode() + np.asarray(tokens, np.int64).tobytes()).hexdigest()
 
 
+def _positive_int(name, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _token_list(tokens) -> list:
+    """Token ids as a list of Python ints: a non-empty 1-D sequence of non-negative integers."""
+    arr = np.asarray(tokens)
+    if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu" or (arr < 0).any():
+        raise ValueError(f"tokens must be a non-empty 1-D sequence of non-negative integer ids, got {tokens!r:.80}")
+    return arr.tolist()
+
+
+class Reservation(NamedTuple):
+    """What `reserve` changed, so that `rollback` can undo it and `commit` can finish it."""
+    start: int  # position of the first new token
+    old_plan: list  # the planned tokens from `start` on that the new tokens replaced
+    old_table: list  # the block table before
+    taken: list  # (block, its old hash, its old tokens) taken from the free list, in order
+    copied: list  # shared blocks replaced by a private copy
+    spare: list  # planned blocks no longer needed: released by commit
+
+
 class BlockManager:
     """Free list, reference counts, block tables and the prefix-hash index. Counts only, no tensors."""
 
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True):
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks} and {block_size}")
-        self.num_blocks, self.block_size = num_blocks, block_size
-        self.prefix_caching = prefix_caching  # vLLM's enable_prefix_caching
-        self.ref = [0] * num_blocks
-        self.free = deque(range(num_blocks))
-        self.block_hash = [None] * num_blocks  # hash of a registered full block
-        self.block_tokens = [None] * num_blocks  # its tokens, for the exact check on a hit
+        self.num_blocks = _positive_int("num_blocks", num_blocks)
+        self.block_size = _positive_int("block_size", block_size)
+        self.prefix_caching = bool(prefix_caching)  # vLLM's enable_prefix_caching
+        self.ref = [0] * self.num_blocks
+        self.free = deque(range(self.num_blocks))
+        self.block_hash = [None] * self.num_blocks  # hash of a registered (full, written) block
+        self.block_tokens = [None] * self.num_blocks  # its tokens, for the exact check on a hit
         self.hash_to_block = {}
         self.tables, self.tokens = {}, {}  # seq_id -> block ids, seq_id -> token ids with a slot
-        self.hashes = {}  # seq_id -> chained hash of each of its full blocks
+        self.computed = {}  # seq_id -> positions whose K/V are written
+        self.hashes = {}  # seq_id -> chained hash of each of its registered full blocks
         self.copies = []  # (src, dst) block copies the pool must apply (copy-on-write)
 
     # -- helpers
-    def _take_free(self) -> int:
+    def _check_seq(self, seq_id):
+        if seq_id not in self.tables:
+            raise ValueError(f"unknown sequence {seq_id!r}: never allocated, or already freed")
+
+    def _take_free(self, log=None) -> int:
         block = self.free.popleft()
-        old = self.block_hash[block]
-        if old is not None and self.hash_to_block.get(old) == block:
-            del self.hash_to_block[old]  # reused: never found again by its old contents
-        self.block_hash[block] = self.block_tokens[block] = None
+        if log is not None:
+            log.append((block, self.block_hash[block], self.block_tokens[block]))
+        self._unregister(block)  # reused: never found again by its old contents
         self.ref[block] = 1
         return block
 
-    def _register(self, seq_id, index):
-        """Name the full block `index` of a sequence by its chained hash."""
-        bs, hashes = self.block_size, self.hashes[seq_id]
-        chunk = self.tokens[seq_id][index * bs:(index + 1) * bs]
-        h = chain_hash(hashes[index - 1] if index else "", chunk)
-        hashes.append(h)
-        block = self.tables[seq_id][index]
-        if self.prefix_caching and self.block_hash[block] is None:
-            self.block_hash[block], self.block_tokens[block] = h, list(chunk)
-            self.hash_to_block.setdefault(h, block)
+    def _untake(self, taken):
+        """Return blocks taken by `_take_free` to the front of the free list, as they were."""
+        for block, old_hash, old_tokens in reversed(taken):
+            self.ref[block] = 0
+            self.free.appendleft(block)
+            if old_hash is not None and old_hash not in self.hash_to_block:
+                self.block_hash[block], self.block_tokens[block] = old_hash, old_tokens
+                self.hash_to_block[old_hash] = block
+
+    def _unregister(self, block):
+        old = self.block_hash[block]
+        if old is not None and self.hash_to_block.get(old) == block:
+            del self.hash_to_block[old]
+        self.block_hash[block] = self.block_tokens[block] = None
+
+    def _release(self, block):
+        self.ref[block] -= 1
+        if self.ref[block] == 0:
+            self.free.append(block)  # keeps its hash: a later prompt may revive it until reused
+
+    def _register_computed(self, seq_id):
+        """Name every full block whose K/V are all written by its chained hash."""
+        bs, hashes, tokens = self.block_size, self.hashes[seq_id], self.tokens[seq_id]
+        for index in range(len(hashes), self.computed[seq_id] // bs):
+            chunk = tokens[index * bs:(index + 1) * bs]
+            h = chain_hash(hashes[index - 1] if index else "", chunk)
+            hashes.append(h)
+            block = self.tables[seq_id][index]
+            if self.prefix_caching and self.block_hash[block] is None:
+                self.block_hash[block], self.block_tokens[block] = h, list(chunk)
+                self.hash_to_block.setdefault(h, block)
 
     def _blocks_for(self, n_tokens: int) -> int:
         return -(-n_tokens // self.block_size)
@@ -72,17 +126,15 @@ class BlockManager:
         return self._blocks_for(n_tokens) <= self.num_free
 
     def allocate(self, seq_id, tokens) -> int:
-        """Give a new sequence blocks for its prompt, reusing cached full blocks of the same prefix.
+        """Give a new sequence blocks for its prompt, reusing registered full blocks of the same prefix.
 
         Returns how many leading tokens already have K/V. At least the last token is always left
         to compute (its logits are needed); if it sits in a shared block, that block is copied first.
         """
-        tokens = [int(t) for t in tokens]
+        tokens = _token_list(tokens)
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id!r} is already allocated")
-        if not tokens:
-            raise ValueError("a sequence needs at least one token")
-        bs, table, hits, parent = self.block_size, [], [], ""
+        bs, hits, parent = self.block_size, [], ""
         for i in range(0, len(tokens) - len(tokens) % bs, bs):  # full blocks, while they hit
             h = chain_hash(parent, tokens[i:i + bs])
             block = self.hash_to_block.get(h)
@@ -99,76 +151,123 @@ class BlockManager:
             if self.ref[block] == 0:
                 self.free.remove(block)  # a freed block whose contents are still valid
             self.ref[block] += 1
-            table.append(block)
         cached = len(hits) * bs
-        self.tables[seq_id], self.tokens[seq_id] = table, tokens
+        self.tables[seq_id], self.tokens[seq_id] = list(hits), tokens
         self.hashes[seq_id] = [self.block_hash[b] for b in hits]
         if cached == len(tokens):  # fully cached: recompute the last token in a private copy
-            self._copy_on_write(seq_id)
+            self._copy_on_write(seq_id, len(hits) - 1)
             cached -= 1
-        while len(table) < self._blocks_for(len(tokens)):
-            table.append(self._take_free())
-            if len(table) * bs <= len(tokens):
-                self._register(seq_id, len(table) - 1)
+        self.computed[seq_id] = cached
+        while len(self.tables[seq_id]) < self._blocks_for(len(tokens)):
+            self.tables[seq_id].append(self._take_free())
         return cached
 
-    def _copy_on_write(self, seq_id):
+    def _copy_on_write(self, seq_id, index, log=None):
+        """Give the sequence a private copy of its block `index` if another sequence shares it."""
         table = self.tables[seq_id]
-        src = table[-1]
+        src = table[index]
         if self.ref[src] > 1:
-            dst = self._take_free()
+            table[index] = self._take_free(log)
             self.ref[src] -= 1
-            table[-1] = dst
-            self.copies.append((src, dst))
+            self.copies.append((src, table[index]))
+            return src
+        return None
 
     def can_append(self, seq_id, n: int = 1) -> bool:
-        length = len(self.tokens[seq_id])
-        return self._blocks_for(length + n) - len(self.tables[seq_id]) + 1 <= self.num_free
+        self._check_seq(seq_id)
+        start = self.computed[seq_id]
+        shared = start % self.block_size and self.ref[self.tables[seq_id][start // self.block_size]] > 1
+        return self._blocks_for(start + n) - len(self.tables[seq_id]) + bool(shared) <= self.num_free
 
-    def may_append(self, seq_id, new_tokens) -> None:
-        """Slots for tokens appended to a sequence: new blocks as needed, a private copy of a shared
-        partial last block, and hashes for blocks that become full."""
-        new_tokens = [int(t) for t in new_tokens]
+    def reserve(self, seq_id, new_tokens) -> Reservation:
+        """Slots for new tokens at positions computed..: where they differ from the planned tokens,
+        the plan from there on is replaced. Written blocks become private and unnamed first.
+        Nothing changes if the pool is out of blocks."""
+        self._check_seq(seq_id)
+        new = _token_list(new_tokens)
         table, tokens, bs = self.tables[seq_id], self.tokens[seq_id], self.block_size
-        partial_shared = len(tokens) % bs and self.ref[table[-1]] > 1
-        need = self._blocks_for(len(tokens) + len(new_tokens)) - len(table) + bool(partial_shared)
+        start, end = self.computed[seq_id], self.computed[seq_id] + len(new)
+        plan = tokens if tokens[start:end] == new else tokens[:start] + new  # keep a plan the new tokens follow
+        written = range(start // bs, min(self._blocks_for(end), len(table)))  # existing blocks written to
+        shared = [i for i in written if self.ref[table[i]] > 1]
+        need = max(0, self._blocks_for(len(plan)) - len(table)) + len(shared)
         if need > self.num_free:
-            raise ValueError(f"KV pool is out of blocks: {len(new_tokens)} more tokens need {need} "
+            raise ValueError(f"KV pool is out of blocks: {len(new)} more tokens need {need} "
                              f"blocks, {self.num_free} are free")
-        if partial_shared:
-            self._copy_on_write(seq_id)
-        for t in new_tokens:
-            if len(tokens) % bs == 0:
-                table.append(self._take_free())
-            tokens.append(t)
-            if len(tokens) % bs == 0:
-                self._register(seq_id, len(table) - 1)
+        old_table, taken, copied = list(table), [], []
+        for i in written:
+            if i in shared:
+                copied.append(self._copy_on_write(seq_id, i, taken))
+            else:
+                self._unregister(table[i])  # its K/V are about to change
+        spare = table[self._blocks_for(len(plan)):]
+        del table[self._blocks_for(len(plan)):]
+        while len(table) < self._blocks_for(len(plan)):
+            table.append(self._take_free(taken))
+        old_plan = tokens[start:]
+        tokens[start:] = plan[start:]
+        return Reservation(start, old_plan, old_table, taken, copied, spare)
+
+    def commit(self, seq_id, reservation: Reservation, computed: int) -> None:
+        """The step succeeded: K/V of positions ..computed are written. Register full blocks."""
+        for block in reservation.spare:
+            self._release(block)
+        self.computed[seq_id] = computed
+        self._register_computed(seq_id)
+
+    def rollback(self, seq_id, reservation: Reservation) -> None:
+        """The step failed: the sequence's tokens, table and computed count are as before `reserve`."""
+        for src in reservation.copied:  # shared again
+            self.ref[src] += 1
+        taken = {block for block, _, _ in reservation.taken}
+        self.copies = [c for c in self.copies if c[1] not in taken]
+        self._untake(reservation.taken)
+        self.tables[seq_id][:] = reservation.old_table
+        self.tokens[seq_id][reservation.start:] = reservation.old_plan
+        self.computed[seq_id] = reservation.start
+
+    def truncate(self, seq_id, n: int) -> None:
+        """Keep the first n written positions (dropping the plan after them); blocks past them are
+        released, shared ones stay shared (copied only when written)."""
+        self._check_seq(seq_id)
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= self.computed[seq_id]:
+            raise ValueError(f"cannot truncate sequence {seq_id!r} to {n!r}: it holds {self.computed[seq_id]} positions")
+        n, table = int(n), self.tables[seq_id]
+        for block in reversed(table[self._blocks_for(n):]):
+            self._release(block)
+        del table[self._blocks_for(n):]
+        del self.tokens[seq_id][n:], self.hashes[seq_id][n // self.block_size:]
+        self.computed[seq_id] = n
 
     def fork(self, parent, child) -> None:
-        """A child sequence sharing every block of its parent (parallel sampling, beam search)."""
+        """A child sequence sharing every written block of its parent (parallel sampling, beam search)."""
+        self._check_seq(parent)
         if child in self.tables:
             raise ValueError(f"sequence {child!r} is already allocated")
-        self.tables[child], self.tokens[child] = list(self.tables[parent]), list(self.tokens[parent])
+        n = self.computed[parent]
+        self.tables[child] = self.tables[parent][:self._blocks_for(n)]
+        self.tokens[child], self.computed[child] = self.tokens[parent][:n], n
         self.hashes[child] = list(self.hashes[parent])
         for block in self.tables[child]:
             self.ref[block] += 1
 
     def deallocate(self, seq_id) -> None:
         """Drop a sequence; blocks nobody uses return to the free list (keeping their hash until reused)."""
+        self._check_seq(seq_id)
         for block in reversed(self.tables.pop(seq_id)):
-            self.ref[block] -= 1
-            if self.ref[block] == 0:
-                self.free.append(block)
-        del self.tokens[seq_id], self.hashes[seq_id]
+            self._release(block)
+        del self.tokens[seq_id], self.hashes[seq_id], self.computed[seq_id]
 
 
 class PagedKVCache:
     """The block pool: per layer K and V as (num_blocks, Hkv, block_size, D), and its manager."""
 
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int = 16, prefix_caching: bool = True):
+        if not isinstance(cfg, ModelConfig):
+            raise TypeError(f"cfg must be a lib.config.ModelConfig, got {type(cfg).__name__}")
         self.cfg = cfg
         self.manager = BlockManager(num_blocks, block_size, prefix_caching)
-        shape = (num_blocks, cfg.n_kv_head, block_size, cfg.head_dim)
+        shape = (self.manager.num_blocks, cfg.n_kv_head, self.manager.block_size, cfg.head_dim)
         self.k = [np.zeros(shape, np.float32) for _ in range(cfg.n_layer)]
         self.v = [np.zeros(shape, np.float32) for _ in range(cfg.n_layer)]
 
@@ -184,23 +283,36 @@ class PagedKVCache:
 
     def add(self, seq_id, prompt) -> "PagedSequence":
         """Allocate a sequence for a prompt; its `n` says how many prompt positions are already cached."""
-        cached = self.manager.allocate(seq_id, prompt)
+        self.manager.allocate(seq_id, check_tokens(prompt, self.cfg))
         self._apply_copies()
-        return PagedSequence(self, seq_id, cached)
+        return PagedSequence(self, seq_id)
 
     def fork(self, parent: "PagedSequence", child_id) -> "PagedSequence":
         self.manager.fork(parent.seq_id, child_id)
-        return PagedSequence(self, child_id, parent.n)
+        return PagedSequence(self, child_id)
+
+    def free(self, seq: "PagedSequence") -> None:
+        """Drop a sequence and release its blocks."""
+        self.manager.deallocate(seq.seq_id)
 
 
 class PagedSequence:
-    """One sequence's view of the pool with the KVCache interface (n, check_room, write, read, advance)."""
+    """One sequence's view of the pool with the KVCache interface (n, check_room, write, read,
+    advance, truncate). Its K/V advance only through `feed`, which knows the tokens they belong to."""
 
-    def __init__(self, pool: PagedKVCache, seq_id, n: int):
-        self.pool, self.seq_id, self.n, self.cfg = pool, seq_id, n, pool.cfg
+    def __init__(self, pool: PagedKVCache, seq_id):
+        self.pool, self.seq_id, self.cfg = pool, seq_id, pool.cfg
+        self._armed = 0  # positions the running feed() reserved
+
+    @property
+    def n(self) -> int:
+        """Positions whose K/V are written."""
+        self.pool.manager._check_seq(self.seq_id)
+        return self.pool.manager.computed[self.seq_id]
 
     @property
     def tokens(self):
+        """Token ids with a slot: the written ones, then the rest of the prompt still to feed."""
         return self.pool.manager.tokens[self.seq_id]
 
     @property
@@ -208,19 +320,29 @@ class PagedSequence:
         return self.pool.manager.tables[self.seq_id]
 
     def feed(self, new_tokens, step):
-        """Compute new tokens with step(tokens, cache), e.g. forward_cached; slots are appended as needed.
-        The tokens are checked first, so a bad call leaves the sequence as it was."""
-        new_tokens = check_tokens(new_tokens, self.cfg, self.n)
-        missing = self.n + len(new_tokens) - len(self.tokens)
-        if missing > 0:
-            self.pool.manager.may_append(self.seq_id, new_tokens[-missing:])
-            self.pool._apply_copies()
-        return step(new_tokens, self)
+        """Compute new tokens at positions n.. with step(tokens, cache), e.g. forward_cached, and
+        return their logits. Slots are reserved for these tokens; if the step fails, the sequence
+        and the pool are as they were, and its blocks become findable only once written."""
+        manager, start = self.pool.manager, self.n
+        new_tokens = check_tokens(new_tokens, self.cfg, start)
+        reservation = manager.reserve(self.seq_id, new_tokens)
+        self.pool._apply_copies()
+        self._armed = len(new_tokens)
+        try:
+            logits = step(new_tokens, self)
+            if self.n != start + len(new_tokens):
+                raise RuntimeError(f"the step wrote {self.n - start} positions, not the {len(new_tokens)} fed")
+        except BaseException:
+            self._armed = 0
+            manager.rollback(self.seq_id, reservation)
+            raise
+        manager.commit(self.seq_id, reservation, self.n)
+        return logits
 
     def check_room(self, count: int) -> None:
-        if self.n + count > len(self.tokens):
-            raise ValueError(f"sequence {self.seq_id!r} has slots for {len(self.tokens)} positions, "
-                             f"{self.n} are used and {count} more were asked: use feed()")
+        if count != self._armed:
+            raise ValueError(f"sequence {self.seq_id!r} computes tokens only through feed(tokens, step), "
+                             f"which reserves their slots: {count} positions were asked outside it")
 
     def _slots(self, start, stop):
         pos = np.arange(start, stop)
@@ -240,4 +362,9 @@ class PagedSequence:
         return gather(self.pool.k), gather(self.pool.v)
 
     def advance(self, count):
-        self.n += count
+        self.pool.manager.computed[self.seq_id] += count
+        self._armed = 0
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n positions (speculative decoding drops rejected draft tokens)."""
+        self.pool.manager.truncate(self.seq_id, n)

@@ -9,25 +9,52 @@ import numpy as np
 PROB_TOL = 1e-6  # how far a probability vector may sum from 1
 
 
-def check_temperature(temperature: float) -> None:
+def check_temperature(temperature) -> None:
+    """A real number >= 0 (0 means greedy); any positive one works, however small (see probs_from_logits)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.integer, np.floating)):
+        raise TypeError(f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}")
     if not np.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
 
 
+def check_seed(seed) -> int:
+    """A seed for numpy.random.default_rng: a non-negative integer."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    return int(seed)
+
+
+def check_logits(logits) -> np.ndarray:
+    """Logits as float64 (..., V), V >= 1, every row with a finite maximum: no NaN, no +inf, not all -inf."""
+    z = np.asarray(logits)
+    if z.dtype.kind not in "iuf" or z.ndim == 0 or z.shape[-1] == 0:
+        raise ValueError(f"logits must be a non-empty array of numbers (..., V), got {z.dtype} of shape {z.shape}")
+    z = z.astype(np.float64, copy=False)
+    top = z.max(axis=-1, keepdims=True)  # NaN if any entry is NaN
+    if not np.isfinite(top).all():
+        raise ValueError("logits contain NaN or +inf, or a row is all -inf: no distribution to sample from")
+    return z
+
+
 def probs_from_logits(logits, temperature: float = 1.0) -> np.ndarray:
-    """Softmax of logits / temperature in float64 over the last axis; temperature 0 gives one-hot argmax."""
+    """Softmax of logits / temperature in float64 over the last axis; temperature 0 gives one-hot argmax.
+
+    The maximum is subtracted before dividing, so a tiny temperature gives the argmax's one-hot
+    (ties shared) instead of inf / inf."""
     check_temperature(temperature)
-    z = np.asarray(logits, dtype=np.float64)
+    z = check_logits(logits)
     if temperature == 0:
         return np.eye(z.shape[-1])[z.argmax(axis=-1)]  # (..., V) one-hot
-    z = z / temperature
-    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    e = np.exp((z - z.max(axis=-1, keepdims=True)) / temperature)  # (..., V), largest entry 1
     return e / e.sum(axis=-1, keepdims=True)  # (..., V)
 
 
 def check_probs(probs) -> np.ndarray:
     """A 1-D, non-negative vector summing to 1 (within PROB_TOL), else a ValueError saying which."""
-    p = np.asarray(probs, dtype=np.float64)
+    p = np.asarray(probs)
+    if p.dtype.kind not in "iuf":
+        raise ValueError(f"probabilities must be numbers, got dtype {p.dtype}")
+    p = p.astype(np.float64, copy=False)
     if p.ndim != 1 or p.size == 0:
         raise ValueError(f"probabilities must be a non-empty 1-D vector, got shape {p.shape}")
     if not np.isfinite(p).all() or (p < 0).any():
@@ -38,9 +65,15 @@ def check_probs(probs) -> np.ndarray:
     return p
 
 
+def check_rng(rng) -> np.random.Generator:
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator, e.g. np.random.default_rng(seed), got {rng!r}")
+    return rng
+
+
 def sample(probs, rng: np.random.Generator) -> int:
     """Draw one index from a probability vector with a seeded generator."""
-    return draw(check_probs(probs), rng)
+    return draw(check_probs(probs), check_rng(rng))
 
 
 def draw(p: np.ndarray, rng: np.random.Generator) -> int:
@@ -52,5 +85,5 @@ def draw(p: np.ndarray, rng: np.random.Generator) -> int:
 def next_token(logits, temperature: float, rng: np.random.Generator) -> int:
     """Greedy at temperature 0 (no random number is drawn), else a sample from the softmax."""
     if temperature == 0:
-        return int(np.argmax(logits))
+        return int(np.argmax(check_logits(logits)))
     return draw(probs_from_logits(logits, temperature), rng)

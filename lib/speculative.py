@@ -17,8 +17,8 @@ from .config import ModelConfig
 from .generate import check_request
 from .kv_cache import KVCache
 from .lean import cached_step
-from .model import check_tokens
-from .sampling import draw, probs_from_logits
+from .model import check_cache, check_tokens
+from .sampling import check_seed, draw, probs_from_logits
 
 
 def residual(p, q) -> np.ndarray:
@@ -78,12 +78,31 @@ class SpecStats:
         return np.array(self.accepted_at) / np.maximum(np.array(self.drafted_at), 1)
 
 
-def check_pair(target_cfg: ModelConfig, draft_cfg: ModelConfig, k) -> None:
+def check_pair(target_cfg: ModelConfig, draft_cfg: ModelConfig, k, dynamic: bool = False, k_max=16) -> None:
+    """Same vocabulary; k (and with `dynamic`, k_max >= k) an integer from 1 to the context length."""
     if target_cfg.vocab_size != draft_cfg.vocab_size:
         raise ValueError(f"draft and target must share a vocabulary: the target has {target_cfg.vocab_size} "
                          f"tokens, the draft {draft_cfg.vocab_size}")
-    if not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k (draft tokens per round) must be an integer >= 1, got {k!r}")
+    context = min(target_cfg.block_size, draft_cfg.block_size)
+    for name, value in [("k (draft tokens per round)", k)] + [("k_max", k_max)] * dynamic:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= context:
+            raise ValueError(f"{name} must be an integer from 1 to the context length {context}, got {value!r}")
+    if dynamic and k > k_max:
+        raise ValueError(f"dynamic k starts at k={k}, which is above k_max={k_max}")
+
+
+def target_cache(cache, cfg: ModelConfig, prompt, max_len: int):
+    """The target's cache: a new KVCache, or the one given if it holds a prefix of the prompt (a
+    PagedSequence from `pool.add(seq_id, prompt)` may hold a shared prefix) and at least the last
+    prompt token is still to read."""
+    if cache is None:
+        return KVCache(cfg, max_len)
+    check_cache(cache, cfg)
+    held = list(getattr(cache, "tokens", [])[:cache.n])  # a KVCache does not know its tokens: n must be 0
+    if cache.n >= len(prompt) or held != [int(t) for t in prompt[:cache.n]]:
+        raise ValueError(f"the target cache holds {cache.n} positions that are not a prefix of the prompt "
+                         f"(without its last token): pass an empty KVCache or pool.add(seq_id, prompt)")
+    return cache
 
 
 class ModelDrafter:
@@ -149,28 +168,29 @@ class PromptLookup:
 
 
 def speculative_generate(target, draft, prompt, n_new: int, k: int = 4, temperature: float = 1.0,
-                         seed: int = 0, dynamic: bool = False, k_max: int = 16):
+                         seed: int = 0, dynamic: bool = False, k_max: int = 16, cache=None):
     """Generate n_new tokens after prompt with draft-then-verify decoding.
 
     target: a (params, cfg) pair or a `LeanModel`; draft: either of those, or a `PromptLookup`.
     dynamic: start at k, add 2 after a round that accepts every draft token, else subtract 1
-    (within 1..k_max). Returns (tokens (n_new,), SpecStats). At temperature 0, p and q are
+    (within 1..k_max). cache: the target's KV cache (default a new KVCache); a `PagedSequence`
+    runs it on the paged cache. Returns (tokens (n_new,), SpecStats). At temperature 0, p and q are
     one-hot argmaxes and the rule accepts exactly while the draft's token is the target's
     argmax, so the output equals greedy decoding of the target.
     """
     tcfg, target_step = cached_step(target)
     dcfg = tcfg if isinstance(draft, PromptLookup) else cached_step(draft)[0]
-    check_pair(tcfg, dcfg, k)
+    check_pair(tcfg, dcfg, k, dynamic, k_max)
     prompt = check_tokens(prompt, tcfg)
     check_request(len(prompt), n_new, min(tcfg.block_size, dcfg.block_size), temperature)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed))
     max_len = len(prompt) + n_new
     if isinstance(draft, PromptLookup):
         drafter = draft.start(prompt, tcfg.vocab_size)
     else:
         drafter = ModelDrafter(draft, prompt, max_len, temperature)
-    cache = KVCache(tcfg, max_len)
-    pending = list(prompt[:-1])  # tokens the target has not read yet
+    cache = target_cache(cache, tcfg, prompt, max_len)
+    pending = list(prompt[cache.n:-1])  # tokens the target has not read yet
     last = int(prompt[-1])  # emitted but not yet read by either model
     out, stats = [], SpecStats(k_max if dynamic else k)
     while len(out) < n_new:
@@ -178,7 +198,7 @@ def speculative_generate(target, draft, prompt, n_new: int, k: int = 4, temperat
         drafted, qs = drafter.propose(last, k_round, rng)
         k_round = len(drafted)  # prompt lookup may find fewer
         base = cache.n + len(pending)  # position of `last`
-        logits = target_step(np.array(pending + [last] + drafted), cache)
+        logits = cache.feed(np.array(pending + [last] + drafted), target_step)
         ps = probs_from_logits(logits[-(k_round + 1):], temperature)  # (k_round + 1, V)
         pending = []
         stats.target_calls += 1

@@ -65,28 +65,46 @@ def test_fully_cached_prompt_still_computes_its_last_token():
     assert all((k[a.block_table] == old).all() for k, old in zip(pool.k, before))  # a's cache untouched
 
 
+def written(manager, seq_id, tokens):
+    """Allocate a prompt and mark its K/V written, as a successful step would."""
+    manager.allocate(seq_id, tokens)
+    reservation = manager.reserve(seq_id, tokens)
+    manager.commit(seq_id, reservation, len(tokens))
+
+
 def test_freed_and_reused_block_is_never_found_by_its_old_hash():
     manager = BlockManager(num_blocks=4, block_size=4)
     old = [1, 2, 3, 4, 5, 6, 7, 8]
-    manager.allocate("a", old)
+    written(manager, "a", old)
     manager.deallocate("a")
-    manager.allocate("b", [9] * 16)  # takes every block, overwriting the old contents
+    written(manager, "b", [9] * 16)  # takes every block, overwriting the old contents
     manager.deallocate("b")
     assert manager.allocate("c", old) == 0  # no stale hit
 
 
 def test_freed_block_with_valid_contents_is_revived():
     manager = BlockManager(num_blocks=4, block_size=4)
-    manager.allocate("a", [1, 2, 3, 4, 5])
+    written(manager, "a", [1, 2, 3, 4, 5])
     first = manager.tables["a"][0]
     manager.deallocate("a")
     assert manager.allocate("b", [1, 2, 3, 4, 6]) == 4 and manager.tables["b"][0] == first
     assert first not in manager.free
 
 
+def test_allocated_but_unwritten_blocks_are_never_found():
+    """Bugs (a) and (b): a prompt added twice before it is fed, or added, freed and added again,
+    must not find blocks whose K/V were never written."""
+    manager = BlockManager(num_blocks=8, block_size=4)
+    manager.allocate("a", [1, 2, 3, 4, 5])
+    assert manager.allocate("b", [1, 2, 3, 4, 5]) == 0
+    manager.deallocate("a")
+    manager.deallocate("b")
+    assert manager.allocate("c", [1, 2, 3, 4, 5]) == 0
+
+
 def test_hash_collision_in_block_tokens_needs_the_same_prefix():
     manager = BlockManager(num_blocks=8, block_size=2)
-    manager.allocate("a", [1, 2, 3, 4, 0])
+    written(manager, "a", [1, 2, 3, 4, 0])
     assert manager.allocate("b", [9, 9, 3, 4, 0]) == 0  # same second block, different parent
 
 
@@ -110,10 +128,10 @@ def test_out_of_blocks_is_a_clear_error_and_changes_nothing():
     with pytest.raises(ValueError, match="out of blocks: the prompt needs 1 new blocks of 4 positions, 0 are free"):
         manager.allocate("b", [7, 7])
     assert "b" not in manager.tables and manager.num_free == 0
-    manager.may_append("a", [6, 7, 8])
+    manager.commit("a", manager.reserve("a", [1, 2, 3, 4, 5, 6, 7, 8]), 8)
     with pytest.raises(ValueError, match="out of blocks: 1 more tokens need 1 blocks, 0 are free"):
-        manager.may_append("a", [9])
-    assert len(manager.tokens["a"]) == 8
+        manager.reserve("a", [9])
+    assert len(manager.tokens["a"]) == 8 and manager.computed["a"] == 8
 
 
 def test_bad_tokens_leave_the_sequence_as_it_was():
@@ -129,15 +147,15 @@ def test_bad_tokens_leave_the_sequence_as_it_was():
 
 def test_without_prefix_caching_nothing_is_shared():
     manager = BlockManager(num_blocks=8, block_size=4, prefix_caching=False)
-    manager.allocate("a", list(range(9)))
+    written(manager, "a", list(range(9)))
     assert manager.allocate("b", list(range(9))) == 0 and manager.num_free == 2
 
 
 def test_deallocate_returns_every_block():
     manager = BlockManager(num_blocks=10, block_size=4)
-    manager.allocate("a", list(range(13)))
+    written(manager, "a", list(range(13)))
     manager.fork("a", "b")
-    manager.may_append("b", [1, 2, 3])
+    manager.commit("b", manager.reserve("b", [1, 2, 3]), 16)
     manager.deallocate("a")
     manager.deallocate("b")
     assert manager.num_free == 10 and all(r == 0 for r in manager.ref)

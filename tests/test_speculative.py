@@ -121,8 +121,12 @@ def test_a_free_draft_cannot_beat_verification_that_costs_a_step_per_token(alpha
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    ({"k": 0}, r"k \(draft tokens per round\) must be an integer >= 1, got 0"),
-    ({"k": 2.5}, "must be an integer >= 1"),
+    ({"k": 0}, r"k \(draft tokens per round\) must be an integer from 1 to the context length 512, got 0"),
+    ({"k": 2.5}, "must be an integer from 1"),
+    ({"k": 10**9}, "must be an integer from 1 to the context length 512, got 1000000000"),
+    ({"k": 20, "dynamic": True}, "dynamic k starts at k=20, which is above k_max=16"),
+    ({"k": 2, "dynamic": True, "k_max": 0}, "k_max must be an integer from 1"),
+    ({"seed": "abc"}, "seed must be a non-negative integer"),
     ({"temperature": -0.5}, "temperature must be >= 0"),
     ({"n_new": 600}, "longer than the context of 512"),
 ])
