@@ -1,0 +1,237 @@
+"""Batched decoding: one step for many sequences, each at its own position with its own cache.
+
+A decode step of one sequence reads every weight to produce one token. Stacking the new rows
+of B sequences makes each weight product serve all of them at once: the iteration-level
+batching of Orca (Yu et al. 2022), whose "selective batching" runs the products on the stacked
+rows and attention sequence by sequence, since each sequence attends to its own keys. Rows
+may be ragged: one new token for a decoding sequence, a whole prompt for one being prefilled.
+
+Attention here: every one-token row is handled in one masked product over K/V padded to the
+longest sequence; a sequence with several new rows is handled alone. Paged sequences of one
+pool are read and written through their block tables in one gather and one scatter per layer,
+as PagedAttention does in its kernel (Kwon et al. 2023, vLLM); any other cache goes through
+its own `write` and `read`. Both the plain weights and the lean path's folded weights
+(`lib.lean.LeanModel`) run here; every sequence's logits equal decoding it alone.
+"""
+import math
+
+import numpy as np
+
+from .lean import GELU_S, LeanModel
+from .model import GELU_C, LN_EPS, gelu, layer_norm
+from .paged import PagedSequence
+
+
+class _Plain:
+    """The GPT-2 parameters as they are: LayerNorm, then the product."""
+
+    def __init__(self, params, cfg):
+        self.p, self.cfg, self.q_scale = params, cfg, 1.0 / math.sqrt(cfg.head_dim)
+
+    def embed(self, tokens, positions):
+        return self.p["wte.weight"][tokens] + self.p["wpe.weight"][positions]  # (R, C)
+
+    def qkv(self, x, i):
+        p = f"h.{i}."
+        return layer_norm(x, self.p[p + "ln_1.weight"], self.p[p + "ln_1.bias"]) @ self.p[p + "attn.c_attn.weight"]
+
+    def proj(self, y, i):
+        return y @ self.p[f"h.{i}.attn.c_proj.weight"]  # (R, C)
+
+    def mlp(self, x, i):
+        p = f"h.{i}."
+        h = layer_norm(x, self.p[p + "ln_2.weight"], self.p[p + "ln_2.bias"])  # (R, C)
+        h = gelu(h @ self.p[p + "mlp.c_fc.weight"] + self.p[p + "mlp.c_fc.bias"])  # (R, 4C)
+        return h @ self.p[p + "mlp.c_proj.weight"] + self.p[p + "mlp.c_proj.bias"]  # (R, C)
+
+    def head(self, x):
+        return layer_norm(x, self.p["ln_f.weight"], self.p["ln_f.bias"]) @ self.p["lm_head.weight"].T  # (R, V)
+
+
+class _Lean:
+    """A LeanModel's folded weights: inputs are normalized rows beside a 1 column (see lib.lean)."""
+
+    def __init__(self, model: LeanModel):
+        self.m, self.cfg, self.q_scale = model, model.cfg, 1.0  # 1/sqrt(D) is folded into the queries
+
+    def _normalized(self, x):
+        xa = np.ones((len(x), x.shape[1] + 1), np.float32)  # (R, C + 1)
+        ms = np.einsum("rc,rc->r", x, x)[:, None] / x.shape[1] + LN_EPS  # (R, 1); x has zero mean
+        np.divide(x, np.sqrt(ms), out=xa[:, :-1])
+        return xa
+
+    def embed(self, tokens, positions):
+        return self.m.wte[tokens] + self.m.wpe[positions]  # (R, C), zero mean per row
+
+    def qkv(self, x, i):
+        return self._normalized(x) @ self.m.layers[i][0]  # (R, C + 2*KV)
+
+    def proj(self, y, i):
+        return y @ self.m.layers[i][1]  # (R, C)
+
+    def mlp(self, x, i):
+        _, _, fc_w, mproj_w = self.m.layers[i]
+        ha = np.ones((len(x), fc_w.shape[1] + 1), np.float32)  # (R, 4C + 1)
+        h = np.matmul(self._normalized(x), fc_w, out=ha[:, :-1])  # (R, 4C): h' = s * h
+        u = h * h  # 2s * GELU(h) = h' (1 + tanh(h' (h'^2 + c/s)))
+        u += GELU_C / GELU_S
+        u *= h
+        np.tanh(u, out=u)
+        u += 1.0
+        h *= u
+        return ha @ mproj_w  # (R, C), bias folded in
+
+    def head(self, x):
+        return self._normalized(x) @ self.m.head  # (R, V)
+
+
+def weights(model):
+    """The batched view of a model: a LeanModel, or a (params, cfg) pair for the plain path."""
+    if isinstance(model, LeanModel):
+        return _Lean(model)
+    params, cfg = model
+    return _Plain(params, cfg)
+
+
+def masked_attention(q, k, v, pos, scale):
+    """Attention of queries at positions `pos` over keys 0..S-1, a key visible iff its index <= pos.
+
+    Head-major, so one batched product covers every (head, sequence) pair: q (Hkv, B, G, T, D);
+    k, v (Hkv, B, S, D); pos (B, T). Padding past a sequence's end is masked like the future.
+    Returns (Hkv, B, G, T, D)."""
+    Hkv, B, G, T, D = q.shape
+    att = np.matmul(q.reshape(Hkv, B, G * T, D), k.transpose(0, 1, 3, 2))  # (Hkv, B, G*T, S)
+    if scale != 1.0:
+        att *= scale
+    hidden = np.arange(k.shape[2])[None, None, :] > pos[:, :, None]  # (B, T, S)
+    if hidden.any():
+        att.reshape(Hkv, B, G, T, -1)[...] += np.where(hidden, np.float32(-np.inf), np.float32(0))[:, None]
+    att -= att.max(axis=-1, keepdims=True)
+    np.exp(att, out=att)
+    att /= att.sum(axis=-1, keepdims=True)
+    return np.matmul(att, v).reshape(Hkv, B, G, T, D)
+
+
+class _Rows:
+    """Where each sequence's new rows sit in the stacked batch, and how its K/V is stored."""
+
+    def __init__(self, caches, lengths, cfg):
+        self.caches, self.cfg = caches, cfg
+        self.start = np.array([c.n for c in caches])  # (B,) first new position of each sequence
+        self.offsets = np.concatenate([[0], np.cumsum(lengths)])  # (B + 1,) row ranges
+        seq = np.repeat(np.arange(len(caches)), lengths)  # (R,) which sequence each row is
+        self.pos = self.start[seq] + np.arange(self.offsets[-1]) - self.offsets[seq]  # (R,) positions
+        self.single = [b for b, t in enumerate(lengths) if t == 1]  # decoding rows: attended together
+        self.multi = [b for b, t in enumerate(lengths) if t > 1]  # prompts: each attended alone
+        pools = {id(c.pool) for c in caches if isinstance(c, PagedSequence)}
+        self.paged = len(pools) == 1 and all(isinstance(c, PagedSequence) for c in caches)
+        if self.paged:  # every row's (block, offset) slot, and the block tables padded to the longest
+            self.pool, bs = caches[0].pool, caches[0].pool.manager.block_size
+            width = -(-int(self.pos.max() + 1) // bs)
+            self.tables = np.zeros((len(caches), width), np.int64)  # (B, blocks); padding reads block 0
+            for b, c in enumerate(caches):
+                used = c.block_table[:width]
+                self.tables[b, :len(used)] = used
+            self.slots = self.tables[seq, self.pos // bs], self.pos % bs  # (R,), (R,)
+            self.block_size = bs
+
+    def write(self, i, k, v):
+        """K, V of every new row, (R, Hkv, D), into the caches."""
+        if self.paged:
+            self.pool.k[i][self.slots[0], :, self.slots[1]] = k
+            self.pool.v[i][self.slots[0], :, self.slots[1]] = v
+            return
+        for b, c in enumerate(self.caches):
+            rows = slice(self.offsets[b], self.offsets[b + 1])
+            c.write(i, k[rows].transpose(1, 0, 2), v[rows].transpose(1, 0, 2))  # (Hkv, T, D)
+
+    def read(self, i, seqs):
+        """K, V of the listed sequences up to their last new position, padded: (Hkv, b, S, D) each."""
+        ends = self.start[seqs] + self.offsets[np.add(seqs, 1)] - self.offsets[seqs]
+        S = int(ends.max())
+        Hkv, D = self.cfg.n_kv_head, self.cfg.head_dim
+        if self.paged:  # one gather through the block tables, straight into head-major order
+            blocks = self.tables[seqs, :-(-S // self.block_size)]  # (b, nb)
+            rows = blocks[None] * Hkv + np.arange(Hkv)[:, None, None]  # (Hkv, b, nb) rows of the pool
+            flat = lambda a: a.reshape(-1, self.block_size, D)  # (num_blocks * Hkv, bs, D), a view
+            gather = lambda a: flat(a)[rows].reshape(Hkv, len(seqs), -1, D)[:, :, :S]  # (Hkv, b, S, D)
+            return gather(self.pool.k[i]), gather(self.pool.v[i])
+        k = np.zeros((Hkv, len(seqs), S, D), np.float32)
+        v = np.zeros_like(k)
+        for j, (b, e) in enumerate(zip(seqs, ends)):
+            k[:, j, :e], v[:, j, :e] = self.caches[b].read(i, int(e))  # (Hkv, e, D) each
+        return k, v
+
+
+def _attend(rows: _Rows, i, q, k, v, scale):
+    """Write the new K/V of layer i, then attention for every row: q (R, H, D) -> (R, C)."""
+    cfg = rows.cfg
+    Hkv, G, D = cfg.n_kv_head, cfg.group_size, cfg.head_dim
+    rows.write(i, k, v)
+    y = np.empty((len(q), cfg.n_embd), np.float32)  # (R, C)
+    groups = ([rows.single] if rows.single else []) + [[b] for b in rows.multi]
+    for seqs in groups:
+        at = np.concatenate([np.arange(rows.offsets[b], rows.offsets[b + 1]) for b in seqs])  # their rows
+        T = len(at) // len(seqs)
+        at = slice(None) if len(at) == len(q) else at  # every row: no copies
+        qs = q[at].reshape(len(seqs), T, Hkv, G, D).transpose(2, 0, 3, 1, 4)  # (Hkv, b, G, T, D)
+        pos = rows.start[seqs][:, None] + np.arange(T)  # (b, T)
+        out = masked_attention(qs, *rows.read(i, seqs), pos, scale)  # (Hkv, b, G, T, D)
+        y[at] = out.transpose(1, 3, 0, 2, 4).reshape(-1, cfg.n_embd)
+    return y
+
+
+def check_batch(cfg, new_tokens, caches):
+    """Same number of token lists and caches, each cache distinct and made for this model."""
+    if len(new_tokens) != len(caches) or not caches:
+        raise ValueError(f"a batch needs one token list per cache: got {len(new_tokens)} and {len(caches)}")
+    if len({id(c) for c in caches}) != len(caches):
+        raise ValueError("the same cache appears twice in one batch")
+    for c in caches:
+        if c.cfg.n_layer != cfg.n_layer or c.cfg.n_kv_head != cfg.n_kv_head or c.cfg.head_dim != cfg.head_dim:
+            raise ValueError(f"a KV cache in the batch was made for {c.cfg}, not for {cfg}")
+
+
+def step_batch(model, new_tokens, caches):
+    """Append new_tokens[b] to caches[b] for every b in one pass; returns each one's logits (T_b, V).
+
+    model: a (params, cfg) pair (plain path) or a LeanModel. Each cache is a KVCache or a
+    PagedSequence with slots for its new tokens (use `feed_batch`). Everything is checked
+    before any cache is written, so a bad call leaves every cache as it was."""
+    from .model import check_tokens
+    w = weights(model)
+    cfg = w.cfg
+    check_batch(cfg, new_tokens, caches)
+    new_tokens = [check_tokens(t, cfg, c.n) for t, c in zip(new_tokens, caches)]
+    for t, c in zip(new_tokens, caches):
+        c.check_room(len(t))
+    lengths = [len(t) for t in new_tokens]
+    rows = _Rows(caches, lengths, cfg)
+    C, KV = cfg.n_embd, cfg.kv_dim
+    tokens = np.concatenate(new_tokens)  # (R,)
+    x = w.embed(tokens, rows.pos)  # (R, C)
+    for i in range(cfg.n_layer):
+        qkv = w.qkv(x, i)  # (R, C + 2*KV)
+        q = qkv[:, :C].reshape(-1, cfg.n_head, cfg.head_dim)  # (R, H, D)
+        k = qkv[:, C:C + KV].reshape(-1, cfg.n_kv_head, cfg.head_dim)  # (R, Hkv, D)
+        v = qkv[:, C + KV:].reshape(-1, cfg.n_kv_head, cfg.head_dim)
+        x = x + w.proj(_attend(rows, i, q, k, v, w.q_scale), i)  # (R, C)
+        x = x + w.mlp(x, i)  # (R, C)
+    for c, t in zip(caches, lengths):
+        c.advance(t)
+    logits = w.head(x)  # (R, V)
+    return [logits[a:b] for a, b in zip(rows.offsets[:-1], rows.offsets[1:])]
+
+
+def feed_batch(model, seqs, new_tokens):
+    """Advance paged sequences (or any caches with `feed`) by one batched step.
+
+    Each sequence's own `feed` reserves its slots, nested one inside the next, and the innermost
+    runs `step_batch` once for all of them: a failure anywhere unwinds every feed."""
+    def nest(b):
+        if b == len(seqs):
+            return step_batch(model, new_tokens, seqs)
+        return seqs[b].feed(new_tokens[b], lambda tokens, cache: nest(b + 1))
+    if len(new_tokens) != len(seqs):
+        raise ValueError(f"a batch needs one token list per sequence: got {len(new_tokens)} and {len(seqs)}")
+    return nest(0)
