@@ -1,0 +1,227 @@
+"""Serving many requests: continuous batching over the paged KV cache, against static batching.
+
+Orca (Yu et al. 2022) schedules at the granularity of one model step: after every step,
+finished sequences leave the batch and waiting requests join it, their prompts prefilled in the
+same step as the others' next tokens. vLLM (Kwon et al. 2023) runs this over a pool of KV
+blocks: a request is admitted when blocks for its prompt are free, its blocks grow as it
+decodes and return to the pool the moment it ends; when the pool runs dry mid-decode, the
+newest running sequence is preempted, its blocks freed, and it is recomputed later from its
+prompt and the tokens it had produced (vLLM's default, preemption by recompute). A request that
+could never fit, longer than the context or than the whole pool, is rejected with its reason.
+
+Static batching, the baseline: a batch is formed only when the previous one has finished, and
+each request's blocks for its whole length are set aside when it joins.
+
+Time is measured: each iteration (scheduling, the batched step, sampling) is timed and the
+clock advances by it; requests arrive at their trace times, with gamma-distributed gaps
+(shape 1 is a Poisson process, below 1 burstier: vLLM's benchmark_serving). A `cost` function
+can replace the measured time, which makes the schedule deterministic (for tests).
+"""
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .batch import feed_batch
+from .bench import held_out_prompts
+from .model import check_tokens
+from .paged import PagedKVCache
+from .sampling import check_temperature, next_token
+
+
+@dataclass
+class Request:
+    rid: int
+    arrival: float  # seconds after the start of the trace
+    prompt: np.ndarray  # (P,) token ids
+    n_new: int  # tokens to generate
+
+
+@dataclass
+class Outcome:
+    """What happened to one request; times in seconds on the trace's clock."""
+    request: Request
+    tokens: list = field(default_factory=list)  # the generated ids
+    first: float = float("nan")  # when the first token was out
+    finish: float = float("nan")
+    rejected: str = ""  # why it was never run, if it was not
+    preempted: int = 0  # times its blocks were taken back
+
+    @property
+    def ttft(self) -> float:
+        return self.first - self.request.arrival
+
+    @property
+    def tpot(self) -> float:
+        n = len(self.tokens)
+        return (self.finish - self.first) / (n - 1) if n > 1 else float("nan")
+
+
+def make_trace(n: int, rate: float, seed: int = 0, burstiness: float = 1.0, prompt_len=(8, 48),
+               n_new=(4, 64), system=()) -> list:
+    """n requests at `rate` per second on average; gaps ~ Gamma(burstiness, 1 / (rate * burstiness)).
+    Prompts are line starts of the held-out text cut to a length drawn from prompt_len (inclusive),
+    after an optional shared system prompt; outputs have a length drawn from n_new."""
+    if n < 1 or rate <= 0 or burstiness <= 0:
+        raise ValueError(f"need n >= 1, rate > 0 and burstiness > 0, got {n}, {rate}, {burstiness}")
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.gamma(burstiness, 1.0 / (rate * burstiness), n))  # (n,)
+    lengths = rng.integers(prompt_len[0], prompt_len[1] + 1, n)
+    outputs = rng.integers(n_new[0], n_new[1] + 1, n)
+    texts = held_out_prompts(n, prompt_len[1])
+    system = np.asarray(system, np.int64)
+    return [Request(i, float(arrivals[i]), np.concatenate([system, texts[i][:lengths[i]]]), int(outputs[i]))
+            for i in range(n)]
+
+
+def rejection(req: Request, cfg, num_blocks: int, block_size: int) -> str:
+    """Why a request can never run here ('' if it can): positions written are prompt + n_new - 1."""
+    written = len(req.prompt) + req.n_new - 1
+    if len(req.prompt) + req.n_new > cfg.block_size:
+        return (f"prompt ({len(req.prompt)} tokens) plus output ({req.n_new}) is longer than the "
+                f"context of {cfg.block_size} positions")
+    if -(-written // block_size) > num_blocks:
+        return (f"needs {-(-written // block_size)} blocks of {block_size} positions, the whole pool "
+                f"has {num_blocks}")
+    return ""
+
+
+class _Live:
+    """A running sequence: its outcome, its slice of the pool, and the tokens to feed next."""
+
+    def __init__(self, outcome, seq):
+        self.outcome, self.seq = outcome, seq
+        self.feed = list(seq.tokens[seq.n:])  # prompt (and, after a preemption, output) to compute
+
+
+def _append_need(manager, seq) -> int:
+    """Blocks that feeding one more token to a decoding sequence takes from the free list
+    (a new block at a block boundary, a private copy of a shared last block)."""
+    n, table, bs = seq.n, seq.block_table, manager.block_size
+    shared = n % bs and manager.ref[table[n // bs]] > 1
+    return max(0, -(-(n + 1) // bs) - len(table)) + bool(shared)
+
+
+@dataclass
+class Report:
+    outcomes: list
+    pool: PagedKVCache
+    makespan: float  # seconds from the first arrival to the last finish
+    steps: int
+    preemptions: int
+    recomputed: int  # tokens computed again after preemptions
+    peak_blocks: int
+    batch_sizes: list  # sequences in each step
+
+    def summary(self) -> dict:
+        done = [o for o in self.outcomes if not o.rejected]
+        ttft = [o.ttft for o in done]
+        tpot = [o.tpot for o in done if len(o.tokens) > 1]
+        pct = lambda xs, q: float(np.percentile(xs, q)) * 1e3 if xs else float("nan")
+        return {"completed": len(done), "rejected": len(self.outcomes) - len(done),
+                "tokens/s": sum(len(o.tokens) for o in done) / self.makespan if self.makespan else 0.0,
+                "TTFT p50 ms": pct(ttft, 50), "TTFT p99 ms": pct(ttft, 99),
+                "TPOT p50 ms": pct(tpot, 50), "TPOT p99 ms": pct(tpot, 99),
+                "mean batch": float(np.mean(self.batch_sizes)) if self.batch_sizes else 0.0,
+                "preemptions": self.preemptions, "recomputed tokens": self.recomputed,
+                "peak blocks": self.peak_blocks}
+
+
+def serve(model, trace, num_blocks: int, block_size: int = 16, policy: str = "continuous",
+          max_batch: int = 32, prefix_caching: bool = True, temperature: float = 0.0, cost=None) -> Report:
+    """Run a trace of requests through one engine; returns every request's outcome and the pool.
+
+    model: a LeanModel or a (params, cfg) pair. policy: "continuous" or "static". cost: None to
+    measure each iteration's time, or cost(prefill_tokens, batch) -> seconds."""
+    if policy not in ("continuous", "static"):
+        raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}")
+    if not isinstance(max_batch, int) or max_batch < 1:
+        raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
+    check_temperature(temperature)
+    cfg = model.cfg if hasattr(model, "cfg") else model[1]
+    pool = PagedKVCache(cfg, num_blocks, block_size, prefix_caching and policy == "continuous")
+    manager = pool.manager
+    outcomes = {r.rid: Outcome(r) for r in trace}
+    rngs = {r.rid: np.random.default_rng(r.rid) for r in trace}  # kept across preemptions
+    if len(outcomes) != len(trace):
+        raise ValueError("request ids in a trace must be unique")
+    for r in trace:
+        check_tokens(r.prompt, cfg)
+        if not isinstance(r.n_new, (int, np.integer)) or r.n_new < 1:
+            raise ValueError(f"request {r.rid}: n_new must be a positive integer, got {r.n_new!r}")
+        outcomes[r.rid].rejected = rejection(r, cfg, num_blocks, block_size)
+    arrivals = deque(sorted((r for r in trace if not outcomes[r.rid].rejected), key=lambda r: r.arrival))
+    blocks = lambda n: -(-n // block_size)
+    waiting, running = deque(), []
+    now = arrivals[0].arrival if arrivals else 0.0
+    start, steps, preemptions, recomputed, peak, sizes = now, 0, 0, 0, 0, []
+    reserved = 0  # static: blocks set aside for the running batch
+    while arrivals or waiting or running:
+        while arrivals and arrivals[0].arrival <= now:
+            waiting.append(arrivals.popleft())
+        if not running and not waiting:
+            now = arrivals[0].arrival  # idle until the next request
+            continue
+        tick = time.perf_counter()
+        # running sequences first, oldest first: blocks for their next token; if the pool is
+        # short, the newest running sequence gives its blocks back and waits to be recomputed
+        need, preempted_now = {}, False
+        for live in list(running) if policy == "continuous" else []:
+            if live not in running:
+                break  # it was preempted itself, and every newer one before it
+            need[live] = _append_need(manager, live.seq)
+            while sum(need.values()) > manager.num_free:
+                victim = running.pop()
+                need.pop(victim, None)
+                pool.free(victim.seq)
+                victim.outcome.preempted += 1
+                waiting.appendleft(victim.outcome.request)
+                preemptions, preempted_now = preemptions + 1, True
+        # then waiting requests, oldest first, while blocks (and the batch size) allow
+        admit = not preempted_now if policy == "continuous" else not running
+        while admit and waiting and len(running) < max_batch:
+            req = waiting[0]
+            out = outcomes[req.rid]
+            tokens = np.concatenate([req.prompt, np.asarray(out.tokens, np.int64)])
+            if policy == "continuous":
+                fits = blocks(len(tokens)) + sum(need.values()) <= manager.num_free
+            else:
+                fits = reserved + blocks(len(req.prompt) + req.n_new - 1) <= num_blocks
+            if not fits:
+                break
+            waiting.popleft()
+            if policy == "static":
+                reserved += blocks(len(req.prompt) + req.n_new - 1)
+            running.append(_Live(out, pool.add(req.rid, tokens)))
+            if out.tokens:  # back after a preemption: what it computes now, it had computed before
+                recomputed += len(running[-1].feed)
+        if not running:
+            raise RuntimeError(f"scheduler stalled: {len(waiting)} waiting, none admitted, "
+                               f"{manager.num_free} of {num_blocks} blocks free")
+        # one step for the whole batch: prompts being prefilled and one token for each of the rest
+        feeds = [live.feed or [live.outcome.tokens[-1]] for live in running]
+        logits = feed_batch(model, [live.seq for live in running], feeds)
+        prefill = sum(len(f) for f in feeds if len(f) > 1)
+        steps += 1
+        sizes.append(len(running))
+        peak = max(peak, num_blocks - manager.num_free)
+        finished = []
+        for live, rows in zip(running, logits):
+            live.feed = []
+            live.outcome.tokens.append(next_token(rows[-1], temperature, rngs[live.outcome.request.rid]))
+            if len(live.outcome.tokens) == live.outcome.request.n_new:
+                finished.append(live)
+        now += cost(prefill, len(running)) if cost else time.perf_counter() - tick
+        for live in running:
+            if math.isnan(live.outcome.first):
+                live.outcome.first = now
+        for live in finished:
+            live.outcome.finish = now
+            pool.free(live.seq)  # its blocks return to the pool at once
+            running.remove(live)
+        if policy == "static" and not running:
+            reserved = 0
+    return Report([outcomes[r.rid] for r in trace], pool, now - start, steps, preemptions, recomputed,
+                  peak, sizes)

@@ -1,0 +1,115 @@
+"""The scheduler: every request completes with the tokens it gets alone, or is rejected with its
+reason; it never stalls, and the pool ends empty. Time comes from a cost model here, so each
+schedule is the same on every run."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from lib.generate import generate
+from lib.lean import LeanModel
+from lib.model import load
+from lib.serving import Request, make_trace, serve
+
+PARAMS, CFG = load("target")
+LEAN = LeanModel(PARAMS, CFG)
+COST = lambda prefill, batch: 1e-3 + 1e-4 * batch + 2e-5 * prefill  # seconds per iteration
+_SOLO = {}
+
+
+def solo(req):
+    """Greedy decoding of one request alone (memoized: hypothesis reuses prompts)."""
+    key = (tuple(req.prompt.tolist()), req.n_new)
+    if key not in _SOLO:
+        _SOLO[key] = generate(PARAMS, CFG, req.prompt, req.n_new, step=LEAN).tokens.tolist()
+    return _SOLO[key]
+
+
+def check_report(report, trace):
+    m = report.pool.manager
+    assert m.num_free == m.num_blocks and not m.tables and set(m.ref) == {0}, "leaked blocks"
+    for out in report.outcomes:
+        if out.rejected:
+            assert not out.tokens
+        else:
+            assert out.tokens == solo(out.request)
+            assert out.request.arrival <= out.first <= out.finish
+
+
+@settings(max_examples=25, deadline=None)
+@given(num_blocks=st.integers(2, 14), block_size=st.sampled_from([2, 4, 8]),
+       burstiness=st.sampled_from([0.1, 0.5, 1.0]), n=st.integers(1, 8), seed=st.integers(0, 99),
+       policy=st.sampled_from(["continuous", "static"]), prefix=st.booleans(), system=st.booleans(),
+       max_batch=st.integers(1, 6))
+def test_tiny_pools_and_bursty_traces(num_blocks, block_size, burstiness, n, seed, policy, prefix, system, max_batch):
+    trace = make_trace(n, rate=500.0, seed=seed, burstiness=burstiness, prompt_len=(1, 12), n_new=(1, 10),
+                       system=np.arange(6) * 7 % CFG.vocab_size if system else ())
+    report = serve(LEAN, trace, num_blocks, block_size, policy, max_batch, prefix, cost=COST)
+    check_report(report, trace)
+    for out in report.outcomes:
+        need = -(-(len(out.request.prompt) + out.request.n_new - 1) // block_size)
+        assert bool(out.rejected) == (need > num_blocks)
+        assert not out.rejected or f"has {num_blocks}" in out.rejected
+    if policy == "static":
+        assert report.preemptions == 0
+
+
+def test_requests_that_can_never_fit_are_rejected_with_their_reason():
+    prompt = np.arange(20) % CFG.vocab_size
+    trace = [Request(0, 0.0, prompt, 500), Request(1, 0.0, prompt, 200), Request(2, 0.0, prompt, 8)]
+    report = serve(LEAN, trace, num_blocks=8, block_size=16, cost=COST)
+    reasons = [o.rejected for o in report.outcomes]
+    assert "longer than the context of 512 positions" in reasons[0]
+    assert "needs 14 blocks of 16 positions, the whole pool has 8" in reasons[1]
+    assert reasons[2] == "" and len(report.outcomes[2].tokens) == 8
+    check_report(report, trace)
+
+
+def test_preemption_recomputes_and_changes_nothing():
+    """A pool that holds one long request at a time: the newer ones are preempted and recomputed."""
+    trace = make_trace(6, rate=1000.0, seed=3, prompt_len=(20, 30), n_new=(30, 40))
+    report = serve(LEAN, trace, num_blocks=6, block_size=16, cost=COST)
+    assert report.preemptions > 0 and report.recomputed > 0
+    assert sum(o.preempted for o in report.outcomes) == report.preemptions
+    check_report(report, trace)
+
+
+def test_shared_system_prompt_is_computed_once_per_residency():
+    system = np.arange(64) * 5 % CFG.vocab_size
+    trace = make_trace(8, rate=1e6, seed=1, prompt_len=(8, 16), n_new=(4, 8), system=system)
+    shared = serve(LEAN, trace, num_blocks=64, block_size=16, prefix_caching=True, cost=COST)
+    alone = serve(LEAN, trace, num_blocks=64, block_size=16, prefix_caching=False, cost=COST)
+    assert shared.peak_blocks < alone.peak_blocks
+    check_report(shared, trace)
+    check_report(alone, trace)
+
+
+def test_temperature_sampling_matches_each_request_sampled_alone():
+    trace = make_trace(5, rate=1000.0, seed=2, prompt_len=(8, 16), n_new=(20, 30))
+    report = serve(LEAN, trace, num_blocks=5, block_size=16, temperature=0.8, cost=COST)
+    assert report.preemptions > 0
+    for out in report.outcomes:
+        alone = generate(PARAMS, CFG, out.request.prompt, out.request.n_new, 0.8, seed=out.request.rid, step=LEAN)
+        assert out.tokens == alone.tokens.tolist()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"policy": "fifo"}, "policy must be"),
+    ({"max_batch": 0}, "max_batch must be"),
+    ({"temperature": -1.0}, "temperature must be"),
+    ({"num_blocks": 0}, "num_blocks must be"),
+])
+def test_bad_settings_are_refused(kwargs, message):
+    args = {"num_blocks": 8, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        serve(LEAN, make_trace(2, 10.0), **args)
+
+
+def test_bad_requests_are_refused():
+    with pytest.raises(ValueError, match="n_new must be"):
+        serve(LEAN, [Request(0, 0.0, np.array([1, 2]), 0)], 8)
+    with pytest.raises(ValueError, match="unique"):
+        serve(LEAN, [Request(0, 0.0, np.array([1]), 2)] * 2, 8)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        serve(LEAN, [Request(0, 0.0, np.array([1, 999]), 2)], 8)
+    with pytest.raises(ValueError, match="rate > 0"):
+        make_trace(3, rate=0.0)
