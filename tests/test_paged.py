@@ -159,3 +159,18 @@ def test_deallocate_returns_every_block():
     manager.deallocate("a")
     manager.deallocate("b")
     assert manager.num_free == 10 and all(r == 0 for r in manager.ref)
+
+
+def test_truncated_block_rewritten_with_other_tokens_is_not_found_by_its_old_hash():
+    """Truncate into a full block, write other tokens there: the block's old name must go, or a
+    later prompt with the old prefix would read the new tokens' K/V."""
+    pool = PagedKVCache(GQA, num_blocks=8, block_size=4)
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13]
+    a = pool.add("a", prompt)
+    a.feed(prompt, step)
+    a.truncate(2)
+    a.feed([50, 51, 52], step)
+    b = pool.add("b", prompt)
+    cached = b.n
+    logits = b.feed(prompt[cached:], step)
+    np.testing.assert_allclose(logits, forward(PARAMS, GQA, prompt)[cached:], atol=1e-5, rtol=0)
