@@ -1,0 +1,155 @@
+"""No number is typed into the book's prose unless it says where it comes from.
+
+A number a reader sees in a chapter's text is either inserted by the chapter's code (a myst-nb
+`{glue:text}` role, removed before scanning), or one of the few constants and quoted figures
+listed below, each with its source. A quoted figure must also name its source in the same
+paragraph (its attribution), so that a figure from the article or a paper cannot pass as a
+measurement of this machine. Anything else fails the test: glue it, or add it here with its
+source.
+
+What is not prose and not scanned: code (fenced blocks and inline code), link targets, math,
+HTML, cross-references ("chapter 7", "Theorem 3.8"), list numbers, years (1990-2029), words
+with a digit in them (fp8, GPT-2, Qwen3-8B, 128-position), and small whole numbers (0 to 10,
+without %), which read as words ("2 KV heads", "8 prompts").
+"""
+import json
+import re
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+BOOK = Path(__file__).parents[1] / "book"
+
+# The pages this test covers. The other chapters are edited in parallel; add each one here
+# once it passes.
+CHECKED = ["intro.md", "01_model.ipynb", "03_kv_cache.ipynb", "04_memory.ipynb", "05_gqa.ipynb"]
+
+# Constants of the setup, allowed anywhere.
+CONSTANTS = {
+    "512": "the context of both models and the training window (lib.config, lib.train)",
+    "96": "the vocabulary: newline plus 95 printable ASCII characters (lib.tokenizer)",
+    "95": "printable ASCII characters (lib.tokenizer)",
+    "513,600": "the target's parameter count (lib.config, asserted in chapter 1)",
+    "61,968": "the draft's parameter count (lib.config, asserted in chapter 1)",
+    "48": "the draft's width (lib.config)",
+    "131,072": "the 128k context of the models in chapter 4 (their config.json / model cards)",
+    "32,768": "32k tokens: Mistral-7B-v0.1's context (config.json) and chapter 4's example length",
+    "16": "chapter 4's example batch (16 sequences)",
+}
+
+# Quoted figures, per page: number -> the words that attribute it, which must appear in the
+# same paragraph.
+QUOTED = {
+    "intro.md": {},
+    "01_model.ipynb": {
+        "5.4": "the source article", "33": "the source article",
+        "2.254": "the source article", "2.341": "the source article",
+        "0.6": "temperature", "0.8": "temperature", "1.3": "temperature",  # slider values
+        "0.6-0.8": "parse",
+    },
+    "03_kv_cache.ipynb": {
+        "107": "the\narticle", "1.16": "the\narticle", "92": "the\narticle",
+        "96.8": "the article", "13.4": "the article",
+        "32": "config", "128": "config", "8.03": "config",  # Llama 3 8B's config.json
+    },
+    "04_memory.ipynb": {
+        "128": "sliding", "12.8": "model card", "4.25": "model card",
+        "2,880": "config", "24": "config", "32": "config",  # gpt-oss-20b's config.json
+    },
+    "05_gqa.ipynb": {
+        "63": "LLMs-from-scratch", "72": "LLMs-from-scratch",
+        "5.95": "the article", "2.06": "the article", "1.18": "the article",
+        "5": "Ainslie",  # their uptraining share, 5% of the pre-training steps
+    },
+}
+
+TOKEN = re.compile(r"[^\s()\[\]{};:\"'*_]+")
+# a number, a range of two, a percentage, or a ratio ("6.5x")
+NUMBER = re.compile(r"(\d[\d,]*(?:\.\d+)?(?:-\d[\d,]*(?:\.\d+)?)?%?)x?")
+NOT_PROSE = [
+    re.compile(r"<style>.*?</style>", re.S),
+    re.compile(r"```.*?```", re.S),
+    re.compile(r"\$\$.*?\$\$", re.S),
+    re.compile(r"\$[^$\n]+\$"),
+    re.compile(r"\{[\w:-]+\}`[^`]*`"),  # roles: {glue:text}`key`, {doc}`...`
+    re.compile(r"`[^`]*`"),  # inline code
+    re.compile(r"\]\([^)]*\)"),  # link targets
+    re.compile(r"https?://\S+"),
+    re.compile(r"<[^>]+>"),
+    re.compile(r"\b(?:[Cc]hapters?|Theorem|Corollary|Table|Figure|Section|Algorithm|Eq\.)\s+\d+(?:\.\d+)?"
+               r"(?:(?:,\s*|\s+(?:and|to|or)\s+|-)\d+(?:\.\d+)?)*"),
+    re.compile(r"^\s*\d+\.\s", re.M),  # numbered list items
+    re.compile(r"\b(?:199\d|20[0-2]\d)\b"),  # years
+]
+
+
+def markdown_of(page: str) -> list[str]:
+    path = BOOK / page
+    if path.suffix == ".md":
+        return [path.read_text()]
+    cells = json.loads(path.read_text())["cells"]
+    return ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
+
+
+def prose_numbers(text: str):
+    """(number, paragraph) for every number in the prose of one markdown text."""
+    for paragraph in re.split(r"\n\s*\n", text):
+        prose = paragraph
+        for pattern in NOT_PROSE:
+            prose = pattern.sub(" ", prose)
+        for token in TOKEN.findall(prose):
+            match = NUMBER.fullmatch(token.rstrip(".,!?"))
+            if match:  # tokens with letters in them are names (fp8, Qwen3-8B, e4m3)
+                yield match.group(1).rstrip(","), paragraph
+
+
+def is_word(number: str) -> bool:
+    return re.fullmatch(r"\d+", number) is not None and int(number) <= 10
+
+
+def unexplained(page: str) -> list[str]:
+    quoted = QUOTED.get(page, {})
+    problems = []
+    for text in markdown_of(page):
+        for number, paragraph in prose_numbers(text):
+            bare = number.rstrip("%")
+            if number == bare and (is_word(bare) or bare in CONSTANTS):
+                continue
+            if bare in quoted and quoted[bare].lower() in paragraph.lower():
+                continue
+            context = " ".join(paragraph.split())
+            at = context.find(bare)
+            problems.append(f"{number!r} in: ...{context[max(0, at - 60):at + 40]}...")
+    return problems
+
+
+@pytest.mark.parametrize("page", CHECKED)
+def test_every_number_in_the_prose_is_glued_or_attributed(page):
+    problems = unexplained(page)
+    assert not problems, f"{page}: numbers neither glued nor attributed:\n" + "\n".join(problems)
+
+
+def test_the_scanner_catches_a_typed_number_and_accepts_glue_and_attribution():
+    typed = "The cache made decoding 6.5x faster."
+    assert [n for n, _ in prose_numbers(typed)] == ["6.5"]
+    assert list(prose_numbers("It was {glue:text}`ratio`x faster (chapter 3, Theorem 3.8).")) == []
+    assert [n for n, _ in prose_numbers("Qwen3-8B in fp8 uses 5% of 4,096 positions")] == ["5%", "4,096"]
+    assert not is_word("12") and is_word("4")
+
+
+def recorded_seconds(notebook: Path) -> float:
+    """Wall time of a notebook's last stored run, from the cell timings nbclient records."""
+    stamps = [datetime.fromisoformat(c["metadata"]["execution"][key].replace("Z", "+00:00"))
+              for c in json.loads(notebook.read_text())["cells"]
+              if "execution" in c.get("metadata", {})
+              for key in ("iopub.execute_input", "shell.execute_reply")]
+    if not stamps:
+        raise ValueError(f"{notebook.name} stores no cell timings: re-execute it with nbclient")
+    return (max(stamps) - min(stamps)).total_seconds()
+
+
+@pytest.mark.parametrize("notebook", sorted(BOOK.glob("*.ipynb")), ids=lambda p: p.name)
+def test_each_stored_chapter_ran_in_under_two_minutes(notebook):
+    """The introduction's promise, checked on the run that produced the stored outputs."""
+    assert recorded_seconds(notebook) < 120
