@@ -160,7 +160,7 @@ def stepper(step, cfg, position: int, n_tokens: int = 1):
 def _product_times(C, rows=(1, 2, 5)):
     """Microseconds of one (T, C+1) @ (C+1, 3C) product (a layer's q|k|v): as one general product
     (np.dot) and as a batch of one-row products (what the lean path does for 2..5 rows)."""
-    from .lean import rows_as_batch
+    from .kernels import rows_as_batch
     rng = np.random.default_rng(0)
     w = rng.standard_normal((C + 1, 3 * C), np.float32)
     out = {}

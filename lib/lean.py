@@ -18,43 +18,63 @@ loaded (the weight processing of TransformerLens, Nanda & Bloom 2022):
 Per call: LayerNorm is two numpy calls for one token (a dot product, the rest in Python floats)
 and four for several; there is no mask for a single new token; softmax skips the row maximum
 unless a row's sum of exponentials leaves the range where that is exact (`LeanModel.__call__`);
-softmax and GELU work in place with `out=` on preallocated buffers; 2-5 rows go through the weights as a batch of one-row products, which
-OpenBLAS runs faster than its general product at that size. The target's decode step makes
-about 90 numpy calls against the plain path's 206. It is tested exact against the plain
-reference `model.forward`.
+softmax and GELU work in place with `out=` on preallocated buffers. The target's decode step
+makes about 90 numpy calls against the plain path's 206. It is tested exact against the plain
+reference `model.forward`, for any shape (cost stand-ins of GPT-2-small size included).
+
+Weight products: one row goes through BLAS's matrix-vector product. For 2-8 rows (verifying
+draft tokens) a general product is slow (see `lib.kernels`), so when the model is built each
+candidate for 2..8 rows (numpy's product, a batch of one-row products, the small-rows kernel
+of `lib.kernels`) is timed on the model's own matrices and the fastest is used for that T
+(`products="auto"`). The choice is measured, not assumed, because it differs between a model
+whose weights sit in cache and one that streams them from memory, and between machines.
+`products="numpy"` keeps numpy's products only (the weights in numpy's usual layout).
 """
 import math
 from types import SimpleNamespace
 
 import numpy as np
 
+from .bench import single_thread
 from .config import ModelConfig
+from .kernels import CANDIDATES, MAX_ROWS, fastest_products
 from .kv_cache import KVCache
 from .model import GELU_C, LN_EPS, check_cache, check_tokens, forward_cached
 
 GELU_S = (GELU_C * 0.044715) ** (1 / 3)  # h' = GELU_S * h makes the cubic coefficient 1
 SUM_MIN = 2.0 ** -100  # a row sum below this could lose precision to underflowed exponentials
-BATCHED_ROWS = 5  # up to this many rows, a batch of one-row products beats one gemm (see _product)
+BATCHED_ROWS = 5  # with products="numpy", up to this many rows go through as one-row products
+CALIBRATION_BYTES = 32 * 2**20  # products="auto" times a pass over at most this many bytes of weights
 
 
-def _folded(g, b, w, bias=None, scale=None):
+def _stacked(top, row, order):
+    """[top ; row] as one float32 array in memory order `order` ("C" or "F"), of top's array type."""
+    out = np.empty_like(top, np.float32, order=order, shape=(top.shape[0] + 1, top.shape[1]))  # (K + 1, N)
+    out[:-1], out[-1] = top, row
+    return out
+
+
+def _folded(g, b, w, bias=None, scale=None, order="C"):
     """LayerNorm(x; g, b) @ w + bias == [xhat, 1] @ w' with w' = [g[:, None] * w ; b @ w + bias]."""
-    w2 = np.vstack([g[:, None] * w, (b @ w + (0 if bias is None else bias))[None, :]])  # (C + 1, out)
+    w2 = _stacked(g[:, None] * w, b @ w + (0 if bias is None else bias), order)  # (C + 1, out)
     if scale is not None:
-        w2 = w2 * scale
-    return w2.astype(np.float32, order="C")  # a fresh C-contiguous array (of the input's array type)
+        w2 *= np.asarray(scale, np.float32)
+    return w2
 
 
-def _centred(w):
+def _centred(w, order="C"):
     """w with each row's mean removed: every output of u @ w then has zero mean over its row."""
-    return (w - w.mean(axis=-1, keepdims=True)).astype(np.float32, order="C")
+    return (w - w.mean(axis=-1, keepdims=True)).astype(np.float32, order=order, copy=False)
 
 
 class LeanModel:
     """Weights prepared for fast cached calls. `model(new_tokens, cache)` == forward_cached(...)."""
 
-    def __init__(self, params, cfg: ModelConfig):
+    def __init__(self, params, cfg: ModelConfig, products="auto"):
+        if products not in ("auto", "numpy", "kernel"):
+            raise ValueError(f"products must be 'auto', 'numpy' or 'kernel', got {products!r}")
         self.cfg = cfg
+        order = "C" if products == "numpy" else "F"  # "F": each output column's weights contiguous, for the kernel
         C, D = cfg.n_embd, cfg.head_dim
         scale = np.ones(C + 2 * cfg.kv_dim, np.float32)
         scale[:C] = 1.0 / math.sqrt(D)  # attention scale folded into the query columns
@@ -62,26 +82,53 @@ class LeanModel:
         self.layers = []
         for i in range(cfg.n_layer):
             p = f"h.{i}."
-            mproj = np.vstack([params[p + "mlp.c_proj.weight"] / (2 * GELU_S), params[p + "mlp.c_proj.bias"][None, :]])
+            mproj = _stacked(params[p + "mlp.c_proj.weight"] / (2 * GELU_S), params[p + "mlp.c_proj.bias"], order)
             self.layers.append((
-                _folded(params[p + "ln_1.weight"], params[p + "ln_1.bias"], params[p + "attn.c_attn.weight"], scale=scale),
-                _centred(params[p + "attn.c_proj.weight"]),  # (C, C)
+                _folded(params[p + "ln_1.weight"], params[p + "ln_1.bias"], params[p + "attn.c_attn.weight"],
+                        scale=scale, order=order),  # (C + 1, C + 2*KV)
+                _centred(params[p + "attn.c_proj.weight"], order),  # (C, C)
                 _folded(params[p + "ln_2.weight"], params[p + "ln_2.bias"], params[p + "mlp.c_fc.weight"],
-                        params[p + "mlp.c_fc.bias"], scale=GELU_S),  # (C + 1, 4C), gives h' = s*h
-                _centred(mproj),  # (4C + 1, C): [2s * gelu(h), 1] @ this == gelu(h) @ c_proj + bias, centred
+                        params[p + "mlp.c_fc.bias"], scale=GELU_S, order=order),  # (C + 1, 4C), gives h' = s*h
+                _centred(mproj, order),  # (4C + 1, C): [2s * gelu(h), 1] @ this == gelu(h) @ c_proj + bias, centred
             ))
-        self.head = _folded(params["ln_f.weight"], params["ln_f.bias"], params["lm_head.weight"].T)
+        self.head = _folded(params["ln_f.weight"], params["ln_f.bias"], params["lm_head.weight"].T, order=order)
+        self.products, self.product_times = self._choose_products(products)
         self.mean_eps = np.append(np.full(C, 1.0 / C), LN_EPS).astype(np.float32)[:, None]  # (C + 1, 1)
         self.causal = np.triu(np.full((cfg.block_size, cfg.block_size), -np.inf, np.float32), 1)  # row i sees 0..i
-        self.store = _Buffers(self.head, 1, cfg)  # grows to the most rows seen; memory stays bounded
+        self.hidden = self.layers[0][2].shape[1]  # the MLP's width (4C in GPT-2)
+        self.store = _Buffers(self.head, 1, cfg, self.hidden)  # grows to the most rows seen; memory stays bounded
         self.buffers = {}  # T -> views of the first T rows of self.store
+
+    def _choose_products(self, products):
+        """{T: name of the product used for T rows} for T = 2..MAX_ROWS, and the calibration's
+        times ({} unless measured). "numpy": numpy's layout and products, as before the kernel."""
+        if products == "numpy":
+            return {T: "one-row batch" if T <= BATCHED_ROWS else "numpy" for T in range(2, MAX_ROWS + 1)}, {}
+        if products == "kernel":
+            return {T: "kernel" for T in range(2, MAX_ROWS + 1)}, {}
+        matrices, size = [self.head.view(np.ndarray)], self.head.nbytes
+        for layer in self.layers:  # the first layers, enough to stream from memory as a step does
+            if size >= CALIBRATION_BYTES:
+                break
+            matrices += [w.view(np.ndarray) for w in layer]
+            size += sum(w.nbytes for w in layer)
+        with single_thread():
+            return fastest_products(matrices)
 
     def _buffers(self, T):
         if T not in self.buffers:
             if T > self.store.rows:
-                self.store, self.buffers = _Buffers(self.head, max(T, 2 * self.store.rows), self.cfg), {}
+                self.store, self.buffers = _Buffers(self.head, max(T, 2 * self.store.rows), self.cfg, self.hidden), {}
             self.buffers[T] = self.store.first(T)
         return self.buffers[T]
+
+    def _product(self, T):
+        """The a @ w used for T rows: BLAS's gemv for one, the chosen product for 2..MAX_ROWS,
+        numpy's general product beyond (np.dot's out= must be contiguous; the buffers' column
+        views are not)."""
+        if T == 1:
+            return np.dot
+        return CANDIDATES[self.products[T]] if T <= MAX_ROWS else np.matmul
 
     def _normalize(self, x, b):
         """Write x / sqrt(mean(x^2) + eps) into b.xn, the first C columns of b.xa; return b.xa.
@@ -122,7 +169,7 @@ class LeanModel:
         cfg, T = self.cfg, len(tokens)
         S = start + T
         C, KV, D, Hkv, G = cfg.n_embd, cfg.kv_dim, cfg.head_dim, cfg.n_kv_head, cfg.group_size
-        b, mm = self._buffers(T), _product(T)
+        b, mm = self._buffers(T), self._product(T)
         x = self.wte[tokens] + self.wpe[start:S]  # (T, C) the residual stream, zero mean per row
         mask = self.causal[start:S, :S] if T > 1 else None  # (T, S): -inf on future positions
         for i, (attn_w, proj_w, fc_w, mproj_w) in enumerate(self.layers):
@@ -152,22 +199,6 @@ class LeanModel:
         return mm(self._normalize(x, b), self.head), b.sums  # (T, V), (L, Hkv, G*T, 1)
 
 
-def _product(T):
-    """The cheapest a @ w (with optional out=) for T rows of a, on OpenBLAS: its general product
-    (gemm) has a fixed cost that makes 2-5 rows cost 3-4 times one row, while a batch of one-row
-    products costs about as many one-row products as it has rows (see `python -m lib.bench`)."""
-    if T == 1:
-        return np.dot  # one row: OpenBLAS's matrix-vector product
-    if T <= BATCHED_ROWS:
-        return rows_as_batch
-    return np.matmul  # (np.dot's out= must be contiguous; the buffers' column views are not)
-
-
-def rows_as_batch(a, w, out=None):
-    """a @ w as a batch of one-row products (T, 1, K) @ (K, N), with an optional out= (T, N)."""
-    return np.matmul(a[:, None, :], w, out=None if out is None else out[:, None, :])[:, 0]  # (T, 1, N) -> (T, N)
-
-
 def _heads(qkv, T, C, KV, Hkv, G, D):
     """Split (T, C + 2*KV) into q (Hkv, G*T, D), grouped by the K/V head it reads, and k, v
     (Hkv, T, D). Views only; a single token needs fewer of them."""
@@ -181,28 +212,29 @@ class _Buffers:
     """Preallocated arrays for up to `rows` new tokens; `like` keeps the weights' array type, so
     lib.bench.count_ops also sees calls on the buffers."""
 
-    def __init__(self, like, rows, cfg: ModelConfig):
-        self.rows, self.C, self.G = rows, cfg.n_embd, cfg.group_size
+    def __init__(self, like, rows, cfg: ModelConfig, hidden: int):
+        self.rows, self.C, self.G, self.hidden = rows, cfg.n_embd, cfg.group_size, hidden
         C = cfg.n_embd
         self.xa = np.ones_like(like, shape=(rows, C + 1), order="C")  # normalized input beside a 1 column
         self.sq = np.ones_like(like, shape=(rows, C + 1), order="C")  # squares beside a 1 column (picks up eps)
         self.var = np.empty_like(like, shape=(rows, 1), order="C")
-        self.ha = np.ones_like(like, shape=(rows, 4 * C + 1), order="C")  # MLP activation beside a 1 column
-        self.u = np.empty_like(like, shape=(rows, 4 * C), order="C")
+        self.ha = np.ones_like(like, shape=(rows, hidden + 1), order="C")  # MLP activation beside a 1 column
+        self.u = np.empty_like(like, shape=(rows, hidden), order="C")
         self.sums = np.empty_like(like, shape=(cfg.n_layer, cfg.n_kv_head, cfg.group_size * rows, 1), order="C")
 
     def first(self, T) -> SimpleNamespace:
-        """Views of the first T rows, and of their first C (or 4C) columns: xn, sqn, hn; and of
+        """Views of the first T rows, and of their first C (or hidden) columns: xn, sqn, hn; and of
         every layer's softmax row sums: sums (L, Hkv, G*T, 1)."""
         C, xa, sq, ha = self.C, self.xa[:T], self.sq[:T], self.ha[:T]
         return SimpleNamespace(xa=xa, xn=xa[:, :C], sq=sq, sqn=sq[:, :C], var=self.var[:T],
-                               ha=ha, hn=ha[:, :4 * C], u=self.u[:T], sums=self.sums[:, :, :self.G * T])
+                               ha=ha, hn=ha[:, :self.hidden], u=self.u[:T], sums=self.sums[:, :, :self.G * T])
 
 
 def cached_step(model):
-    """A model as (cfg, step): a (params, cfg) pair steps with the plain `forward_cached`, a
-    LeanModel with itself. step(new_tokens, cache) -> logits (T, V)."""
-    if isinstance(model, LeanModel):
+    """A model as (cfg, step): a (params, cfg) pair steps with the plain `forward_cached`; a
+    LeanModel, or any step object with a ModelConfig `cfg` (such as `lib.standins.CostShadow`),
+    with itself. step(new_tokens, cache) -> logits (T, V)."""
+    if isinstance(getattr(model, "cfg", None), ModelConfig) and callable(model):
         return model.cfg, model
     params, cfg = model
     return cfg, lambda tokens, cache: forward_cached(params, cfg, tokens, cache)

@@ -182,3 +182,23 @@ def test_work_buffers_are_sized_by_the_longest_call():
         lean(np.arange(n) % cfg.vocab_size, KVCache(cfg, n))
     assert 40 <= lean.store.rows < 80
     assert all(np.shares_memory(view.ha, lean.store.ha) for view in lean.buffers.values())
+
+
+@pytest.mark.parametrize("products", ["numpy", "kernel"])
+def test_every_product_choice_equals_reference(model, products):
+    """Both weight layouts and every product for 1..10 rows give the reference's logits."""
+    params, cfg = model
+    lean, rng = LeanModel(params, cfg, products), np.random.default_rng(1)
+    n = min(cfg.block_size, 70)
+    tokens = rng.integers(0, cfg.vocab_size, n)
+    cache, out, i = KVCache(cfg, n), [], 0
+    while i < n:
+        size = int(rng.integers(1, 11))
+        out.append(lean(tokens[i:i + size], cache))
+        i += size
+    np.testing.assert_allclose(np.concatenate(out), forward(params, cfg, tokens), atol=1e-5, rtol=0)
+
+
+def test_unknown_products_choice_is_refused():
+    with pytest.raises(ValueError, match="products must be 'auto', 'numpy' or 'kernel'"):
+        LeanModel(*load("draft"), products="blas")

@@ -1,0 +1,85 @@
+"""Cost stand-ins: models of realistic shape with random weights, to measure what a large model
+costs on this machine. They never produce text.
+
+The trained target is 2 MB: its weights live in the CPU's caches, and a decode step is bound
+by call overhead and arithmetic. A real LLM streams its weights from memory at every step
+(Pope et al. 2022), the regime in which speculative decoding pays (Leviathan et al. 2023). A
+stand-in has the shape of such a model (GPT-2 small: 12 layers of width 768, 340 MB of float32
+weights) and random weights, enough to time it honestly.
+
+`CostShadow` joins the two: the trained model makes every decision (its tokens, its acceptances),
+and each of its calls is repeated, with the same number of tokens, on a stand-in whose own KV
+cache is kept at the same length, truncated whenever the real one was. Timing a generation
+through it measures the trained model's decoding at the stand-in's cost.
+"""
+import math
+
+import numpy as np
+
+from .config import ModelConfig
+from .kv_cache import KVCache
+from .lean import LeanModel, cached_step
+
+STANDINS = {  # name -> shape; all read the book's 96-character vocabulary
+    "4x256": ModelConfig(n_layer=4, n_head=4, n_kv_head=4, n_embd=256),  # 13 MB
+    "6x384": ModelConfig(n_layer=6, n_head=6, n_kv_head=6, n_embd=384),  # 43 MB
+    "8x512": ModelConfig(n_layer=8, n_head=8, n_kv_head=8, n_embd=512),  # 101 MB
+    "12x768": ModelConfig(n_layer=12, n_head=12, n_kv_head=12, n_embd=768),  # 340 MB, GPT-2 small's shape
+}
+
+
+def standin_params(cfg: ModelConfig, seed: int = 0) -> dict:
+    """Random weights of GPT-2's initial scale, drawn directly in float32 and column-major (the
+    layout the lean path's kernel reads, so building it copies without transposing)."""
+    rng = np.random.default_rng(seed)
+    params = {}
+    for name, shape in cfg.parameter_shapes().items():
+        if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+            params[name] = np.ones(shape, np.float32)
+        elif name.endswith(".bias"):
+            params[name] = np.zeros(shape, np.float32)
+        else:
+            w = rng.standard_normal(shape[::-1], dtype=np.float32).T  # (in, out), column-major
+            w *= np.float32(0.02 / math.sqrt(2 * cfg.n_layer) if name.endswith("c_proj.weight") else 0.02)
+            params[name] = w
+    return params
+
+
+def standin(name: str, products: str = "auto", seed: int = 0) -> LeanModel:
+    """The lean model of stand-in `name` (a key of STANDINS), for timing only."""
+    if name not in STANDINS:
+        raise ValueError(f"unknown cost stand-in {name!r}; the stand-ins are {', '.join(STANDINS)}")
+    cfg = STANDINS[name]
+    return LeanModel(standin_params(cfg, seed), cfg, products)
+
+
+def weight_bytes(model: LeanModel) -> int:
+    """Bytes of the weights a decode step reads: every layer's matrices and the output head
+    (the embedding rows it looks up are a negligible part)."""
+    return sum(w.nbytes for layer in model.layers for w in layer) + model.head.nbytes
+
+
+class CostShadow:
+    """A cached step that returns `model`'s logits after running a call of the same size on
+    `standin`, whose own cache follows the real cache's length. Use it wherever a LeanModel
+    goes (`generate(..., step=)`, `speculative_generate`). `calls` records each call's size."""
+
+    def __init__(self, model, standin_model: LeanModel):
+        self.cfg, self.step = cached_step(model)
+        if standin_model.cfg.block_size < self.cfg.block_size:
+            raise ValueError(f"the stand-in has {standin_model.cfg.block_size} positions, fewer than "
+                             f"the model's {self.cfg.block_size}")
+        self.standin = standin_model
+        self.shadow = KVCache(standin_model.cfg)
+        self.calls = []  # tokens per call, in order
+
+    def __call__(self, new_tokens, cache) -> np.ndarray:
+        start = cache.n
+        if start > self.shadow.n:
+            raise ValueError(f"the real cache holds {start} positions, the stand-in's only {self.shadow.n}: "
+                             f"a cost shadow must see every call made on its cache")
+        logits = self.step(new_tokens, cache)  # the real model: checks the tokens and the cache
+        self.shadow.truncate(start)  # the real cache was truncated to `start` (or is new) since the last call
+        self.standin(new_tokens, self.shadow)
+        self.calls.append(len(logits))
+        return logits

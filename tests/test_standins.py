@@ -1,0 +1,70 @@
+"""Cost stand-ins run on the lean path exactly, and a cost shadow changes no token."""
+import numpy as np
+import pytest
+
+from lib.bench import held_out_prompts
+from lib.config import ModelConfig
+from lib.generate import generate
+from lib.kv_cache import KVCache
+from lib.lean import LeanModel
+from lib.model import forward, load
+from lib.speculative import speculative_generate
+from lib.standins import STANDINS, CostShadow, standin, standin_params, weight_bytes
+
+SMALL = ModelConfig(n_layer=2, n_head=6, n_kv_head=3, n_embd=48)  # a shape unlike the trained models'
+
+
+def test_standin_params_have_the_shapes_of_their_config_in_float32():
+    params = standin_params(SMALL)
+    assert {k: v.shape for k, v in params.items()} == SMALL.parameter_shapes()
+    assert all(v.dtype == np.float32 for v in params.values())
+    assert 0.015 < params["h.0.mlp.c_fc.weight"].std() < 0.025  # GPT-2's initial scale
+    np.testing.assert_array_equal(standin_params(SMALL, seed=3)["wte.weight"], standin_params(SMALL, seed=3)["wte.weight"])
+
+
+@pytest.mark.parametrize("products", ["numpy", "kernel", "auto"])
+def test_lean_path_is_exact_on_a_standin_shape(products):
+    """Random chunk sizes 1..10 (one row, the 2..8-row products, numpy beyond) against the reference."""
+    params = standin_params(SMALL, seed=1)
+    lean, rng = LeanModel(params, SMALL, products), np.random.default_rng(0)
+    tokens = rng.integers(0, SMALL.vocab_size, 90)
+    cache, out, i = KVCache(SMALL), [], 0
+    while i < len(tokens):
+        size = int(rng.integers(1, 11))
+        out.append(lean(tokens[i:i + size], cache))
+        i += size
+    np.testing.assert_allclose(np.concatenate(out), forward(params, SMALL, tokens), atol=1e-5, rtol=0)
+
+
+def test_standins_are_named_and_sized():
+    assert list(STANDINS) == sorted(STANDINS, key=lambda n: STANDINS[n].n_params())
+    small = standin("4x256")
+    assert small.cfg == STANDINS["4x256"] and 10e6 < weight_bytes(small) < 16e6
+    with pytest.raises(ValueError, match="unknown cost stand-in 'gpt2'"):
+        standin("gpt2")
+
+
+def test_cost_shadow_gives_the_models_tokens_and_follows_its_cache():
+    """Target-only and speculative decoding through a shadow give the trained model's tokens; the
+    stand-in's cache ends as long as the real one and saw every call's size."""
+    target, draft = LeanModel(*load("target")), LeanModel(*load("draft"))
+    stand = standin("4x256")
+    prompt = held_out_prompts(1)[0]
+    shadow = CostShadow(target, stand)
+    greedy = generate(None, target.cfg, prompt, 40, step=target).tokens
+    np.testing.assert_array_equal(generate(None, target.cfg, prompt, 40, step=shadow).tokens, greedy)
+    assert shadow.calls == [len(prompt)] + [1] * 39 and shadow.shadow.n == len(prompt) + 39
+    shadow.calls.clear()
+    tokens, stats = speculative_generate(shadow, draft, prompt, 40, k=3, temperature=0.0)
+    np.testing.assert_array_equal(tokens, greedy)
+    assert len(shadow.calls) == stats.target_calls and sum(shadow.calls) > 40
+    assert set(shadow.calls[1:]) <= {1, 2, 3, 4}
+
+
+def test_cost_shadow_refuses_a_cache_it_did_not_follow():
+    target = LeanModel(*load("target"))
+    shadow = CostShadow(target, standin("4x256"))
+    cache = KVCache(target.cfg)
+    target([1, 2, 3], cache)  # filled behind the shadow's back
+    with pytest.raises(ValueError, match="must see every call"):
+        shadow([4], cache)
