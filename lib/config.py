@@ -6,6 +6,8 @@ speculative decoding (Leviathan et al. 2023). Both read the same 96-character vo
 """
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -19,8 +21,9 @@ class ModelConfig:
     def __post_init__(self):
         for name in ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
+            object.__setattr__(self, name, int(value))  # np.int64 -> int, so configs compare and serialize alike
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if self.n_head % self.n_kv_head:

@@ -13,7 +13,7 @@ from .kv_cache import KVCache
 from .lean import cached_step
 from .model import check_tokens, forward
 from .sampling import check_seed, check_temperature, next_token
-from .tokenizer import decode, encode
+from .tokenizer import VOCAB_SIZE, decode, encode
 
 
 def check_request(prompt_len: int, n_new, context: int, temperature: float) -> None:
@@ -66,4 +66,7 @@ def generate(params, cfg: ModelConfig, prompt, n_new: int, temperature: float = 
 def complete(params, cfg: ModelConfig, prompt: str, n_new: int, temperature: float = 0.0,
              seed: int = 0, use_cache: bool = True) -> str:
     """Text in, text out: the n_new characters the model writes after `prompt`."""
+    if cfg.vocab_size != VOCAB_SIZE:
+        raise ValueError(f"complete() needs a model over the {VOCAB_SIZE}-character vocabulary of lib.tokenizer, "
+                         f"this one has vocab_size {cfg.vocab_size}")
     return decode(generate(params, cfg, encode(prompt), n_new, temperature, seed, use_cache).tokens)

@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from .config import ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
@@ -33,8 +35,9 @@ class KVSpec:
 
     def kv_bytes(self, tokens: int, batch: int = 1, dtype: str = "bfloat16") -> float:
         """Bytes of K and V for `batch` sequences of `tokens` each."""
-        if tokens < 0 or batch < 1:
-            raise ValueError(f"tokens must be >= 0 and batch >= 1, got {tokens} and {batch}")
+        for name, value, low in (("tokens", tokens, 0), ("batch", batch, 1)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         per_position = 2 * self.n_kv_head * self.head_dim * dtype_bytes(dtype)
         return batch * per_position * sum(self.positions(tokens))
 
@@ -47,9 +50,17 @@ class KVSpec:
 
 
 def dtype_bytes(dtype: str) -> float:
-    if dtype not in DTYPE_BYTES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
     return DTYPE_BYTES[dtype]
+
+
+def _count(config: dict, key: str) -> int:
+    """config[key] as a positive integer, or a ValueError naming the field."""
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"config.json's {key} must be a positive integer, got {value!r}")
+    return value
 
 
 def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = "") -> KVSpec:
@@ -62,18 +73,22 @@ def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = 
     if not isinstance(config, dict):
         config = json.loads(Path(config).read_text())
     try:
-        layers, heads, hidden = config["num_hidden_layers"], config["num_attention_heads"], config["hidden_size"]
+        layers, heads, hidden = (_count(config, key) for key in ("num_hidden_layers", "num_attention_heads", "hidden_size"))
     except KeyError as err:
         raise ValueError(f"config.json lacks {err.args[0]!r}, needed for the KV cache size") from None
-    kv_heads = config.get("num_key_value_heads") or heads
-    head_dim = config.get("head_dim") or hidden // heads
-    window = config.get("sliding_window")
+    kv_heads = heads if config.get("num_key_value_heads") is None else _count(config, "num_key_value_heads")
+    if heads % kv_heads:
+        raise ValueError(f"num_attention_heads={heads} is not divisible by num_key_value_heads={kv_heads}")
+    if config.get("head_dim") is None and hidden % heads:
+        raise ValueError(f"hidden_size={hidden} is not divisible by num_attention_heads={heads}, and head_dim is not given")
+    head_dim = hidden // heads if config.get("head_dim") is None else _count(config, "head_dim")
+    window = None if config.get("sliding_window") is None else _count(config, "sliding_window")
     types = config.get("layer_types")
     if types:
         if len(types) != layers:
             raise ValueError(f"layer_types has {len(types)} entries for {layers} layers")
         windows = tuple(window if t == "sliding_attention" else None for t in types)
-    elif window and config.get("use_sliding_window", True):
+    elif window is not None and config.get("use_sliding_window", True):
         windows = (window,) * layers
     else:
         windows = (None,) * layers

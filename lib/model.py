@@ -10,6 +10,7 @@ token, prefilling a prompt and verifying k draft tokens are the same call. Group
 attention (Ainslie et al. 2023) groups the query heads over shared K/V heads; K/V are never
 repeated.
 """
+import functools
 import json
 import math
 from pathlib import Path
@@ -22,6 +23,7 @@ from .kv_cache import KVCache
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 GELU_C = math.sqrt(2.0 / math.pi)  # GPT-2's tanh approximation of GELU
 LN_EPS = 1e-5
+CONFIG_KEY = "__config__"  # the npz entry that holds the config the weights were saved for
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -112,6 +114,7 @@ def check_tokens(tokens, cfg: ModelConfig, start: int = 0) -> np.ndarray:
 
 def forward(params, cfg: ModelConfig, tokens) -> np.ndarray:
     """Reference forward pass: logits (T, V) for every position, recomputed from scratch."""
+    check_params(params, cfg)
     tokens = check_tokens(tokens, cfg)
     x = embed(params, tokens, 0)  # (T, C)
     for i in range(cfg.n_layer):
@@ -122,6 +125,24 @@ def forward(params, cfg: ModelConfig, tokens) -> np.ndarray:
         x = x + y @ params[p + "attn.c_proj.weight"]  # (T, C)
         x = x + mlp(x, params, i)  # (T, C)
     return head(params, x)  # (T, V)
+
+
+@functools.lru_cache(maxsize=64)
+def _shapes(cfg: ModelConfig) -> tuple:
+    return tuple(cfg.parameter_shapes().items())
+
+
+def check_params(params, cfg: ModelConfig) -> None:
+    """params hold every tensor of cfg's shape (the GPT-2 checkpoint keys), as float arrays."""
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(f"cfg must be a lib.config.ModelConfig, got {type(cfg).__name__} (a (params, cfg) pair reversed?)")
+    if not isinstance(params, dict):
+        raise TypeError(f"params must be a dict of arrays keyed like the GPT-2 checkpoint, got {type(params).__name__}")
+    for key, shape in _shapes(cfg):
+        value = params.get(key)
+        if getattr(value, "shape", None) != shape or value.dtype.kind != "f":
+            found = "missing" if value is None else f"{getattr(value, 'dtype', type(value).__name__)} {getattr(value, 'shape', '')}"
+            raise ValueError(f"params[{key!r}] is {found}, but the config {cfg} needs float {shape}")
 
 
 def check_cache(cache, cfg: ModelConfig) -> None:
@@ -140,6 +161,7 @@ def forward_cached(params, cfg: ModelConfig, new_tokens, cache: KVCache) -> np.n
 
     Everything is checked before the cache is touched, so a bad call leaves it as it was.
     """
+    check_params(params, cfg)
     check_cache(cache, cfg)
     start = cache.n
     tokens = check_tokens(new_tokens, cfg, start)
@@ -180,7 +202,8 @@ def save(params, cfg: ModelConfig, name: str, metadata: dict, folder=WEIGHTS_DIR
     """Write <name>.npz (float32 parameters) and <name>.json (config and training record)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    np.savez(folder / f"{name}.npz", **{k: np.asarray(v, np.float32) for k, v in params.items()})
+    np.savez(folder / f"{name}.npz", **{k: np.asarray(v, np.float32) for k, v in params.items()},
+             **{CONFIG_KEY: np.array(json.dumps(cfg.__dict__))})  # the weights carry their config
     record = {"config": cfg.__dict__, **metadata}
     (folder / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
     return folder / f"{name}.npz"
@@ -202,19 +225,23 @@ def load(name: str = "target", folder=WEIGHTS_DIR):
     meta = load_metadata(name, folder)
     try:
         cfg = ModelConfig(**meta["config"])
-        with np.load(path) as data:
+        with open(path, "rb") as file, np.load(file) as data:
             params = {k: data[k] for k in data.files}
+        saved = json.loads(str(params.pop(CONFIG_KEY)))
     except FileNotFoundError:
         raise FileNotFoundError(f"weights file {path} is missing; {retrain}") from None
     except Exception as err:  # zip, pickle and key errors all mean the same thing to a reader
         raise ValueError(f"weights file {path} is corrupt ({type(err).__name__}: {err}); {retrain}") from None
+    if saved != cfg.__dict__:
+        raise ValueError(f"{path.with_suffix('.json')} says the model is {cfg}, but the weights were saved "
+                         f"for {ModelConfig(**saved)}; {retrain}")
     expected = cfg.parameter_shapes()
     if set(params) != set(expected):
         missing, extra = sorted(set(expected) - set(params)), sorted(set(params) - set(expected))
         raise ValueError(f"weights file {path} does not match its config (missing {missing[:3]}, "
                          f"unexpected {extra[:3]}); {retrain}")
     for key, shape in expected.items():
-        if params[key].shape != shape or not np.isfinite(params[key]).all():
+        if params[key].shape != shape or params[key].dtype.kind != "f" or not np.isfinite(params[key]).all():
             raise ValueError(f"weights file {path} is corrupt: {key} has shape {params[key].shape}, "
-                             f"expected {shape}, or non-finite values; {retrain}")
+                             f"expected float {shape}, or non-finite values; {retrain}")
     return params, cfg

@@ -17,8 +17,19 @@ QMAX = {"int8": 127, "int4": 7, "fp8": 448.0}  # fp8: the largest finite e4m3 va
 GRANULARITIES = ("position", "head", "tensor")
 
 
+def check_kind(kind) -> None:
+    if kind not in QMAX:
+        raise ValueError(f"quantized kind must be one of {', '.join(QMAX)}, got {kind!r}")
+
+
 def quantize(x, scale, kind: str):
     """Codes of x (..., D) for the given scale (broadcastable to x): int8, or int4 packed to (..., D/2) uint8."""
+    check_kind(kind)
+    x, scale = np.asarray(x), np.asarray(scale)
+    if kind == "int4" and x.shape[-1] % 2:
+        raise ValueError(f"int4 packs two codes per byte: the last dimension ({x.shape[-1]}) must be even")
+    if not (np.isfinite(scale).all() and (scale > 0).all()):
+        raise ValueError("scales must be finite and > 0 (a group of all-zero values still needs a positive scale)")
     if kind == "fp8":
         return fp8_encode(x / scale)  # (..., D) uint8
     qmax = QMAX[kind]
@@ -32,6 +43,7 @@ def quantize(x, scale, kind: str):
 
 def dequantize(codes, scale, kind: str) -> np.ndarray:
     """float32 values from codes and scales (the inverse of quantize, up to rounding)."""
+    check_kind(kind)
     if kind == "fp8":
         return fp8_decode(codes) * scale
     if kind == "int8":
@@ -48,6 +60,9 @@ def position_scales(x, kind: str):
     Rounded up to the next float16 (so no code is clipped) and at least float16's smallest normal
     number (so the scale is never zero or subnormal)."""
     s = np.maximum(np.abs(x).max(axis=-1, keepdims=True) / QMAX[kind], np.finfo(np.float16).tiny)  # (Hkv, T, 1)
+    if not (s <= np.finfo(np.float16).max).all():  # also catches NaN
+        raise ValueError(f"K/V values up to {float(np.nanmax(np.abs(x)))!r} (or NaN) have no float16 scale: "
+                         f"the largest is {float(np.finfo(np.float16).max) * QMAX[kind]:.4g} for {kind}")
     s16 = s.astype(np.float16)
     return np.where(s16.astype(s.dtype) < s, np.nextafter(s16, np.float16(np.inf)), s16)
 
@@ -65,6 +80,10 @@ def calibrate(params, cfg, tokens):
 
 def static_scales(absmax, granularity: str, kind: str):
     """Per layer, the fixed scale for 'head' (Hkv, 1, 1) or 'tensor' (1, 1, 1) granularity, float32."""
+    absmax = np.asarray(absmax, np.float64)
+    if not (np.isfinite(absmax).all() and (absmax > 0).all()):
+        raise ValueError("calibration maxima must be finite and > 0 for every layer and KV head "
+                         "(all-zero, NaN or inf calibration would give no usable scale)")
     if granularity == "head":
         return [(m / QMAX[kind]).astype(np.float32)[:, None, None] for m in absmax]
     return [np.full((1, 1, 1), m.max() / QMAX[kind], np.float32) for m in absmax]

@@ -143,8 +143,8 @@ class PromptLookup:
     transformers). The proposal is a point mass, so q is one-hot and the rule stays exact."""
 
     def __init__(self, max_ngram: int = 3):
-        if max_ngram < 1:
-            raise ValueError(f"max_ngram must be >= 1, got {max_ngram}")
+        if isinstance(max_ngram, bool) or not isinstance(max_ngram, (int, np.integer)) or max_ngram < 1:
+            raise ValueError(f"max_ngram must be an integer >= 1, got {max_ngram!r}")
         self.max_ngram = max_ngram
 
     def start(self, prompt, vocab_size) -> "PromptLookup":
@@ -231,8 +231,21 @@ def speculative_generate(target, draft, prompt, n_new: int, k: int = 4, temperat
     return np.array(out[:n_new], dtype=np.int64), stats
 
 
+def check_formula_args(alpha, k, c=0.0, verify=1.0) -> None:
+    """alpha a probability, k an integer >= 1, c >= 0 and verify > 0 (finite numbers)."""
+    if not (isinstance(alpha, (int, float, np.number)) and 0 <= alpha <= 1):
+        raise ValueError(f"alpha (the acceptance rate) must be in [0, 1], got {alpha!r}")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    if not (isinstance(c, (int, float, np.number)) and 0 <= c < float("inf")):
+        raise ValueError(f"c (draft cost / target cost) must be a finite number >= 0, got {c!r}")
+    if not (isinstance(verify, (int, float, np.number)) and 0 < verify < float("inf")):
+        raise ValueError(f"verify (cost of a (k+1)-token target call / one token) must be a finite number > 0, got {verify!r}")
+
+
 def expected_tokens_per_call(alpha: float, k: int) -> float:
     """(1 - alpha^(k+1)) / (1 - alpha): expected tokens per target call (Leviathan et al., eq. 1)."""
+    check_formula_args(alpha, k)
     return k + 1.0 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 

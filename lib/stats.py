@@ -10,21 +10,46 @@ import numpy as np
 from scipy import stats
 
 
+def check_distribution(p, name: str = "p", tol: float = 1e-6) -> np.ndarray:
+    """A non-empty 1-D vector of finite non-negative numbers summing to 1 (within tol), as float64."""
+    arr = np.asarray(p)
+    if arr.dtype.kind not in "iuf" or arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D vector of numbers, got {arr.dtype} of shape {arr.shape}")
+    arr = arr.astype(np.float64, copy=False)
+    if not np.isfinite(arr).all() or (arr < 0).any() or abs(arr.sum() - 1.0) > tol:
+        raise ValueError(f"{name} must be a distribution: finite, non-negative, summing to 1 (sums to {arr.sum():.9g})")
+    return arr
+
+
+def _check_count(n, name="n") -> None:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"{name} (the number of samples) must be an integer >= 1, got {n!r}")
+
+
 def tvd(a, b) -> float:
     """Total variation distance: half the L1 distance between two distributions."""
-    return 0.5 * float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).sum())
+    a, b = check_distribution(a, "a"), check_distribution(b, "b")
+    if a.shape != b.shape:
+        raise ValueError(f"the two distributions have {a.size} and {b.size} outcomes")
+    return 0.5 * float(np.abs(a - b).sum())
 
 
 def tvd_noise_floor(p, n: int) -> float:
     """Expected TVD between p and the frequencies of n samples drawn from p (normal approximation)."""
-    p = np.asarray(p, np.float64)
+    p = check_distribution(p)
+    _check_count(n)
     return 0.5 * float(np.sum(np.sqrt(2 * p * (1 - p) / (np.pi * n))))
 
 
 def chi_square_pvalue(counts, p) -> float:
     """p-value of Pearson's test that counts were drawn from p; outcomes expected < 5 times are pooled."""
-    counts, p = np.asarray(counts, np.float64), np.asarray(p, np.float64)
+    p, counts = check_distribution(p), np.asarray(counts)
+    if counts.dtype.kind not in "iuf" or counts.shape != p.shape or not np.isfinite(counts).all() or (counts < 0).any():
+        raise ValueError(f"counts must be {p.size} finite non-negative numbers, one per outcome of p, got {counts!r:.80}")
+    counts = counts.astype(np.float64)
     n = counts.sum()
+    if n == 0:
+        raise ValueError("counts are all zero: no samples to test")
     if (counts[p == 0] > 0).any():
         return 0.0  # an outcome that p says is impossible
     keep = p * n >= 5
@@ -50,7 +75,9 @@ def pool_rare(p, *freqs, min_prob: float):
 def two_sample_tvd_null(p, n: int, trials: int = 1000, seed: int = 0) -> np.ndarray:
     """The empirical noise floor of a two-sample comparison: the TVDs between the frequencies of
     two independent sets of n draws from p, for `trials` pairs of sets (no normal approximation)."""
-    p = np.asarray(p, np.float64)
+    p = check_distribution(p)
+    _check_count(n)
+    _check_count(trials, "trials")
     rng = np.random.default_rng(seed)
     a = rng.multinomial(n, p / p.sum(), size=trials) / n  # (trials, V)
     b = rng.multinomial(n, p / p.sum(), size=trials) / n  # (trials, V)

@@ -12,6 +12,9 @@ _INDEX = {ch: i for i, ch in enumerate(VOCAB)}
 
 def encode(text: str) -> np.ndarray:
     """Text -> token ids (int64). Raises ValueError naming the first character outside the vocabulary."""
+    if not isinstance(text, str):
+        raise TypeError(f"encode takes a str, got {type(text).__name__}" +
+                        (" (decode bytes to str first)" if isinstance(text, (bytes, bytearray)) else ""))
     try:
         return np.array([_INDEX[ch] for ch in text], dtype=np.int64)
     except KeyError:
@@ -24,6 +27,8 @@ def encode(text: str) -> np.ndarray:
 def decode(tokens) -> str:
     """Token ids -> text. Raises ValueError on an id outside 0..95."""
     ids = np.asarray(tokens).reshape(-1)
+    if ids.size and ids.dtype.kind not in "iu":
+        raise ValueError(f"decode takes integer token ids, got dtype {ids.dtype}")
     bad = (ids < 0) | (ids >= VOCAB_SIZE)
     if bad.any():
         pos = int(np.argmax(bad))

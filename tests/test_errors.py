@@ -124,5 +124,9 @@ def test_weights_that_do_not_match_their_config(tmp_path):
     meta = json.loads((tmp_path / "draft.json").read_text())
     meta["config"]["n_layer"] = 2
     (tmp_path / "draft.json").write_text(json.dumps(meta))
-    with pytest.raises(ValueError, match="does not match its config"):
+    with pytest.raises(ValueError, match="n_layer=2.*but the weights were saved for ModelConfig\\(n_layer=1"):
+        load("draft", folder=tmp_path)
+    meta["config"]["n_layer"], meta["config"]["n_head"], meta["config"]["n_kv_head"] = 1, 3, 3  # same shapes
+    (tmp_path / "draft.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="n_head=3.*but the weights were saved for .*n_head=2"):
         load("draft", folder=tmp_path)

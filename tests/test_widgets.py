@@ -28,7 +28,7 @@ def test_two_sliders_nest_stacks_and_text_becomes_html():
 
 
 def test_bad_grids():
-    with pytest.raises(ValueError, match="one or two sliders, got 3"):
+    with pytest.raises(ValueError, match="a dict of one or two sliders"):
         slider_plot(figure, {"a": [1], "b": [1], "c": [1]})
     with pytest.raises(ValueError, match="slider 'k' has no values"):
         slider_plot(figure, {"k": []})
