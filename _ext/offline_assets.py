@@ -5,6 +5,11 @@ assets/vendor/ (not committed). When they are present, this extension points mys
 `nb_ipywidgets_js` and Sphinx's `mathjax_path` at the copies under _static/vendor/ and copies
 the widget manager's font files next to every page (they are requested relative to the page).
 When they cannot be fetched, the build still works with the public CDN defaults.
+
+It also keeps the browser console clean and the pages within their column: each inline script
+is emitted once (the thebe configuration was emitted twice, a redeclared `const`), the theme gets
+a default colour mode, the widget manager's MathJax 2 call (`MathJax.Hub.Queue`) is answered
+with MathJax 3's `typesetPromise`, and `static/book.css` wraps long code and output lines.
 """
 import shutil
 import subprocess
@@ -22,6 +27,24 @@ PACKAGES = {  # npm package -> (folder inside the tarball to keep, folder under 
     "requirejs@2.3.7": ("package", "requirejs"),
     "mathjax@3.2.2": ("package/es5", "mathjax"),
 }
+STATIC = Path(__file__).resolve().parent / "static"
+# The widget manager typesets its labels with MathJax 2's `MathJax.Hub.Queue(["Typeset", Hub, el])`;
+# the book loads MathJax 3, which has no Hub. This gives every MathJax object (the configuration
+# Sphinx assigns, then the loaded MathJax 3, which replaces it) a Hub whose Queue typesets the
+# element with MathJax 3 once it is ready, and does nothing before (MathJax typesets the page then).
+MATHJAX2_HUB_SHIM = """(function () {
+  function queue(command) {
+    var element = command && command[2], mathjax = window.MathJax;
+    if (element && mathjax && mathjax.typesetPromise) { mathjax.typesetPromise([element]).catch(function () {}); }
+  }
+  function withHub(value) {
+    if (value && typeof value === "object" && !value.Hub) { value.Hub = {Queue: queue}; }
+    return value;
+  }
+  var current = withHub(window.MathJax);
+  Object.defineProperty(window, "MathJax", {configurable: true, enumerable: true,
+    get: function () { return current; }, set: function (value) { current = withHub(value); }});
+})();"""
 FONT_SUFFIXES = (".woff", ".woff2", ".ttf", ".eot", ".svg")
 # The manager's webpack chunks ask for fonts relative to the page, under their AMD module ids.
 FONT_PATHS = ("@jupyter-widgets", "@jupyter-widgets/html-manager/dist")
@@ -63,6 +86,24 @@ def configure(app, config):
     config.mathjax_path = "vendor/mathjax/tex-chtml.js"
 
 
+def page_settings(app, config):
+    """A default colour mode for the theme, and the stylesheet that keeps lines in the column."""
+    config.html_context = {**config.html_context, "default_mode": config.html_context.get("default_mode", "light")}
+    config.html_static_path = list(config.html_static_path) + [str(STATIC)]
+
+
+def unique_scripts(app, pagename, templatename, context, doctree):
+    """Emit each script once: the same file, or the same inline body, registered twice would run twice."""
+    seen, unique = set(), []
+    for script in context.get("script_files", []):
+        key = (str(getattr(script, "filename", script) or ""),  # an inline script's filename is '' or None
+               tuple(sorted((k, str(v)) for k, v in getattr(script, "attributes", {}).items())))
+        if key not in seen:
+            seen.add(key)
+            unique.append(script)
+    context["script_files"][:] = unique
+
+
 def copy_fonts(app, exception):
     """Put the widget manager's font files where pages request them: <page folder>/FONT_PATHS."""
     if exception is not None or app.builder.format != "html" or not (VENDOR / "html-manager").is_dir():
@@ -78,5 +119,9 @@ def copy_fonts(app, exception):
 
 def setup(app):
     app.connect("config-inited", configure, priority=100)  # before myst-nb reads its config
+    app.connect("config-inited", page_settings)
+    app.connect("html-page-context", unique_scripts, priority=900)  # after every extension added its scripts
+    app.add_js_file(None, body=MATHJAX2_HUB_SHIM, priority=100)  # before MathJax's configuration and code
+    app.add_css_file("book.css")
     app.connect("build-finished", copy_fonts)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
