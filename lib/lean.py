@@ -39,7 +39,7 @@ from .bench import single_thread
 from .config import ModelConfig
 from .kernels import CANDIDATES, MAX_ROWS, fastest_products
 from .kv_cache import KVCache
-from .model import GELU_C, LN_EPS, check_cache, check_tokens, forward_cached
+from .model import GELU_C, LN_EPS, check_cache, check_params, check_tokens, forward_cached
 
 GELU_S = (GELU_C * 0.044715) ** (1 / 3)  # h' = GELU_S * h makes the cubic coefficient 1
 SUM_MIN = 2.0 ** -100  # a row sum below this could lose precision to underflowed exponentials
@@ -73,6 +73,7 @@ class LeanModel:
     def __init__(self, params, cfg: ModelConfig, products="auto"):
         if products not in ("auto", "numpy", "kernel"):
             raise ValueError(f"products must be 'auto', 'numpy' or 'kernel', got {products!r}")
+        check_params(params, cfg)
         self.cfg = cfg
         order = "C" if products == "numpy" else "F"  # "F": each output column's weights contiguous, for the kernel
         C, D = cfg.n_embd, cfg.head_dim
@@ -236,5 +237,8 @@ def cached_step(model):
     with itself. step(new_tokens, cache) -> logits (T, V)."""
     if isinstance(getattr(model, "cfg", None), ModelConfig) and callable(model):
         return model.cfg, model
+    if not (isinstance(model, tuple) and len(model) == 2):
+        raise TypeError(f"a model is a (params, cfg) pair or a LeanModel, got {type(model).__name__}")
     params, cfg = model
+    check_params(params, cfg)
     return cfg, lambda tokens, cache: forward_cached(params, cfg, tokens, cache)

@@ -45,7 +45,8 @@ def probs_from_logits(logits, temperature: float = 1.0) -> np.ndarray:
     z = check_logits(logits)
     if temperature == 0:
         return np.eye(z.shape[-1])[z.argmax(axis=-1)]  # (..., V) one-hot
-    e = np.exp((z - z.max(axis=-1, keepdims=True)) / temperature)  # (..., V), largest entry 1
+    with np.errstate(over="ignore"):  # a tiny temperature sends the others to -inf: exp gives 0
+        e = np.exp((z - z.max(axis=-1, keepdims=True)) / temperature)  # (..., V), largest entry 1
     return e / e.sum(axis=-1, keepdims=True)  # (..., V)
 
 

@@ -254,4 +254,5 @@ def expected_speedup(alpha: float, k: int, c: float, verify: float = 1.0) -> flo
 
     `verify` replaces the theorem's assumption that a (k+1)-token target call costs as much as a
     one-token call: pass the measured ratio of the two to get the same accounting with it."""
+    check_formula_args(alpha, k, c, verify)
     return expected_tokens_per_call(alpha, k) / (k * c + verify)

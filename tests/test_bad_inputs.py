@@ -1,0 +1,177 @@
+"""One bad input of each kind found by an adversarial probe of the public API: each gets an
+exception of the right type whose message names the problem, and changes no state (cache n and
+contents, block tables, free list, reference counts)."""
+import copy
+import gc
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from lib import memory, quant, stats, tokenizer
+from lib.config import DRAFT, TARGET, ModelConfig
+from lib.generate import complete, generate
+from lib.kv_cache import KVCache
+from lib.lean import LeanModel
+from lib.model import forward, forward_cached, load, save
+from lib.paged import BlockManager, PagedKVCache
+from lib.sampling import probs_from_logits, sample
+from lib.speculative import PromptLookup, expected_speedup, expected_tokens_per_call, speculative_generate
+from lib.widgets import slider_plot
+
+from conftest import GQA, perturbed_params
+
+PARAMS = perturbed_params(DRAFT, seed=3)
+OTHER = perturbed_params(GQA, seed=4)  # params of another config
+RNG = np.random.default_rng(0)
+HF = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64}
+
+
+def wrong_bias():
+    params = dict(PARAMS)
+    params["h.0.mlp.c_fc.bias"] = np.zeros(1, np.float32)  # would broadcast silently
+    return params
+
+
+CASES = [
+    # (what, call, exception, message)
+    ("forward with another config's params", lambda: forward(OTHER, DRAFT, [1, 2]), ValueError, r"params\['wte.weight'\] is float32 \(96, 32\).*needs float \(96, 48\)"),
+    ("forward with a bias of the wrong shape", lambda: forward(wrong_bias(), DRAFT, [1]), ValueError, r"h.0.mlp.c_fc.bias'\] is float32 \(1,\)"),
+    ("(cfg, params) reversed", lambda: forward(DRAFT, PARAMS, [1]), TypeError, r"cfg must be a lib.config.ModelConfig.*reversed"),
+    ("LeanModel with another config's params", lambda: LeanModel(OTHER, DRAFT), ValueError, r"params\['wte.weight'\]"),
+    ("generate(step=) with a cache of another config", lambda: LeanModel(PARAMS, DRAFT)([1], KVCache(GQA)), ValueError, "this KV cache was made for"),
+    ("a cache that is not a cache", lambda: forward_cached(PARAMS, DRAFT, [1], object()), TypeError, "expected a KV cache"),
+    ("temperature None", lambda: generate(PARAMS, DRAFT, [1], 2, temperature=None), TypeError, "temperature must be a number"),
+    ("temperature '0.5'", lambda: generate(PARAMS, DRAFT, [1], 2, temperature="0.5"), TypeError, "temperature must be a number"),
+    ("seed 'abc'", lambda: generate(PARAMS, DRAFT, [1], 2, seed="abc"), ValueError, "seed must be a non-negative integer, got 'abc'"),
+    ("seed 1.5", lambda: generate(PARAMS, DRAFT, [1], 2, seed=1.5), ValueError, "seed must be a non-negative integer"),
+    ("seed -1", lambda: generate(PARAMS, DRAFT, [1], 2, seed=-1), ValueError, "seed must be a non-negative integer, got -1"),
+    ("empty logits", lambda: probs_from_logits([]), ValueError, "logits must be a non-empty array"),
+    ("NaN logits", lambda: probs_from_logits([0.0, np.nan]), ValueError, "NaN or \\+inf"),
+    ("+inf logits", lambda: probs_from_logits([0.0, np.inf], 0.0), ValueError, "NaN or \\+inf"),
+    ("all -inf logits", lambda: probs_from_logits([-np.inf, -np.inf]), ValueError, "all -inf"),
+    ("sample with rng None", lambda: sample([0.5, 0.5], None), TypeError, "rng must be a numpy.random.Generator"),
+    ("sample with an int rng", lambda: sample([0.5, 0.5], 3), TypeError, "rng must be a numpy.random.Generator"),
+    ("probabilities as strings", lambda: sample(["0.5", "0.5"], RNG), ValueError, "probabilities must be numbers"),
+    ("speculative with a pair reversed", lambda: speculative_generate((DRAFT, PARAMS), (PARAMS, DRAFT), [1], 2), TypeError, "reversed"),
+    ("k = 1e9", lambda: speculative_generate((PARAMS, DRAFT), (PARAMS, DRAFT), [1], 2, k=10**9), ValueError, "from 1 to the context length 512"),
+    ("dynamic k above k_max", lambda: speculative_generate((PARAMS, DRAFT), (PARAMS, DRAFT), [1], 2, k=4, dynamic=True, k_max=2), ValueError, "above k_max=2"),
+    ("PromptLookup(max_ngram=2.5)", lambda: PromptLookup(max_ngram=2.5), ValueError, "max_ngram must be an integer >= 1, got 2.5"),
+    ("BlockManager with a float size", lambda: BlockManager(4.5, 4), ValueError, "num_blocks must be a positive integer, got 4.5"),
+    ("int4 quantize with odd D", lambda: quant.quantize(np.ones((1, 3)), 1.0, "int4"), ValueError, "last dimension \\(3\\) must be even"),
+    ("quantize with an unknown kind", lambda: quant.quantize(np.ones((1, 2)), 1.0, "int3"), ValueError, "must be one of int8, int4, fp8, got 'int3'"),
+    ("quantize with scale 0", lambda: quant.quantize(np.ones((1, 2)), 0.0, "int8"), ValueError, "scales must be finite and > 0"),
+    ("dequantize kind 'float16'", lambda: quant.dequantize(np.zeros((1, 2), np.uint8), 1.0, "float16"), ValueError, "got 'float16'"),
+    ("a float16 scale that overflows", lambda: quant.position_scales(np.full((1, 1, 4), 1e7, np.float32), "int8"), ValueError, "no float16 scale"),
+    ("int8 cache with all-zero calibration", lambda: KVCache(DRAFT, 8, "int8", "head", (np.zeros((1, 2)), np.ones((1, 2)))), ValueError, "calibration maxima must be finite and > 0"),
+    ("int4 cache with NaN calibration", lambda: KVCache(DRAFT, 8, "int4", "tensor", (np.full((1, 2), np.nan), np.ones((1, 2)))), ValueError, "calibration maxima"),
+    ("HF config with 0 heads", lambda: memory.from_hf_config(HF | {"num_attention_heads": 0}), ValueError, "num_attention_heads must be a positive integer, got 0"),
+    ("HF config with kv heads 0", lambda: memory.from_hf_config(HF | {"num_key_value_heads": 0}), ValueError, "num_key_value_heads must be a positive integer, got 0"),
+    ("HF config with non-dividing heads", lambda: memory.from_hf_config(HF | {"num_key_value_heads": 3}), ValueError, "not divisible by num_key_value_heads=3"),
+    ("HF config with a string", lambda: memory.from_hf_config(HF | {"hidden_size": "64"}), ValueError, "hidden_size must be a positive integer, got '64'"),
+    ("HF config with a list", lambda: memory.from_hf_config(HF | {"num_hidden_layers": [2]}), ValueError, "num_hidden_layers must be"),
+    ("HF config with sliding_window 0", lambda: memory.from_hf_config(HF | {"sliding_window": 0}), ValueError, "sliding_window must be a positive integer"),
+    ("ModelConfig with a bool", lambda: ModelConfig(True, 2, 2, 48), ValueError, "n_layer must be a positive integer, got True"),
+    ("complete with a vocabulary the tokenizer lacks", lambda: complete(perturbed_params(ModelConfig(1, 2, 2, 48, vocab_size=100)), ModelConfig(1, 2, 2, 48, vocab_size=100), "a", 2), ValueError, "96-character vocabulary"),
+    ("decode of non-integer ids", lambda: tokenizer.decode([1.5]), ValueError, "integer token ids"),
+    ("encode(None)", lambda: tokenizer.encode(None), TypeError, "encode takes a str, got NoneType"),
+    ("encode(bytes)", lambda: tokenizer.encode(b"abc"), TypeError, "decode bytes to str first"),
+    ("tvd of different lengths", lambda: stats.tvd([0.5, 0.5], [1.0]), ValueError, "2 and 1 outcomes"),
+    ("tvd of an unnormalized p", lambda: stats.tvd([0.5, 0.6], [0.5, 0.5]), ValueError, "sums to 1.1"),
+    ("noise floor for n = 0", lambda: stats.tvd_noise_floor([0.5, 0.5], 0), ValueError, "n \\(the number of samples\\) must be an integer >= 1"),
+    ("chi-square with mismatched counts", lambda: stats.chi_square_pvalue([1, 2, 3], [0.5, 0.5]), ValueError, "one per outcome of p"),
+    ("alpha outside [0, 1]", lambda: expected_tokens_per_call(1.5, 3), ValueError, "alpha .* must be in \\[0, 1\\], got 1.5"),
+    ("k < 1 in the formula", lambda: expected_speedup(0.5, 0, 0.1), ValueError, "k must be an integer >= 1, got 0"),
+    ("verify <= 0", lambda: expected_speedup(0.5, 2, 0.1, verify=0), ValueError, "verify .* must be a finite number > 0"),
+    ("slider values a scalar", lambda: slider_plot(lambda k: str(k), {"k": 3}), ValueError, "slider 'k' needs a sequence of values, got 3"),
+    ("slider initial value off the grid", lambda: slider_plot(lambda k: str(k), {"k": [1, 2]}, initial={"k": 5}), ValueError, "initial value 5 for 'k' is not one of"),
+]
+
+
+@pytest.mark.parametrize("call, exception, message", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_gets_a_clear_error(call, exception, message):
+    with pytest.raises(exception, match=message):
+        call()
+
+
+def test_slider_values_may_be_any_iterable():
+    """Accepted on purpose: a generator of values is read once into a list."""
+    assert len(slider_plot(lambda k: str(k), {"k": (k for k in (1, 2))}).children) == 2
+
+
+def test_numpy_integers_are_accepted_where_ints_are_expected():
+    cfg = ModelConfig(np.int64(1), np.int64(2), np.int64(2), np.int64(48))
+    assert cfg == DRAFT and isinstance(cfg.n_layer, int)
+    assert memory.from_hf_config(HF).n_kv_head == 4  # absent: as many KV heads as heads
+    assert BlockManager(np.int64(4), np.int64(2)).num_blocks == 4
+
+
+def test_subnormal_temperature_is_greedy_not_nan():
+    p = probs_from_logits([1.0, 3.0, 2.0], 1e-310)
+    assert np.array_equal(p, [0.0, 1.0, 0.0])
+
+
+def _pool_state(pool):
+    m = pool.manager
+    return copy.deepcopy((m.ref, list(m.free), m.tables, m.tokens, m.computed, m.hash_to_block)), [k.copy() for k in pool.k]
+
+
+@pytest.mark.parametrize("what, bad", [
+    ("free twice", lambda pool, seq: pool.free(seq)),
+    ("fork an unknown id", lambda pool, seq: pool.manager.fork("nobody", "c")),
+    ("truncate an unknown id", lambda pool, seq: pool.manager.truncate("nobody", 0)),
+    ("feed a float token", lambda pool, seq: seq.feed([1.5], lambda t, c: forward_cached(PARAMS, DRAFT, t, c))),
+    ("feed an out-of-range token", lambda pool, seq: seq.feed([96], lambda t, c: forward_cached(PARAMS, DRAFT, t, c))),
+    ("add a float prompt", lambda pool, seq: pool.add("c", [1.0, 2.0])),
+    ("add an id twice", lambda pool, seq: pool.add("a", [1, 2])),
+    ("truncate past n", lambda pool, seq: seq.truncate(99)),
+])
+def test_paged_misuse_is_a_clear_error_and_changes_nothing(what, bad):
+    pool = PagedKVCache(DRAFT, num_blocks=6, block_size=4)
+    a = pool.add("a", [1, 2, 3, 4, 5])
+    a.feed([1, 2, 3, 4, 5], lambda t, c: forward_cached(PARAMS, DRAFT, t, c))
+    b = pool.add("b", [1, 2, 3, 4, 9])
+    pool.free(b)
+    before = _pool_state(pool)
+    seq = b if what == "free twice" else a
+    with pytest.raises(ValueError, match="unknown sequence|integer|outside the vocabulary|already allocated|cannot truncate"):
+        bad(pool, seq)
+    after = _pool_state(pool)
+    assert after[0] == before[0] and all((x == y).all() for x, y in zip(after[1], before[1]))
+
+
+def test_failed_quantized_write_leaves_the_cache_as_it_was():
+    params = dict(PARAMS)
+    params["h.0.attn.c_attn.weight"] = PARAMS["h.0.attn.c_attn.weight"] * 1e9  # K/V past a float16 scale
+    cache = KVCache(DRAFT, 8, "int8")
+    forward_cached(PARAMS, DRAFT, [1, 2], cache)
+    before = [a.copy() for a in cache.k + cache.k_scale]
+    with pytest.raises(ValueError, match="no float16 scale"):
+        forward_cached(params, DRAFT, [3], cache)
+    assert cache.n == 2 and all((x[:, :2] == y[:, :2]).all() for x, y in zip(cache.k + cache.k_scale, before))
+
+
+def test_truncated_checkpoint_leaks_no_file_handle(tmp_path):
+    save(PARAMS, DRAFT, "draft", {}, folder=tmp_path)
+    data = (tmp_path / "draft.npz").read_bytes()
+    (tmp_path / "draft.npz").write_bytes(data[: len(data) // 3])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match="corrupt"):
+            load("draft", folder=tmp_path)
+        gc.collect()
+    assert not [w for w in seen if issubclass(w.category, ResourceWarning)]
+
+
+def test_string_weights_are_corrupt_not_a_numpy_error(tmp_path):
+    params = dict(PARAMS)
+    save(params, DRAFT, "draft", {}, folder=tmp_path)
+    with np.load(tmp_path / "draft.npz") as data:
+        arrays = {k: data[k] for k in data.files}
+    arrays["ln_f.bias"] = np.array(["x"] * 48)
+    np.savez(tmp_path / "draft.npz", **arrays)
+    with pytest.raises(ValueError, match="ln_f.bias has shape \\(48,\\), expected float"):
+        load("draft", folder=tmp_path)
+    meta = json.loads((tmp_path / "draft.json").read_text())
+    assert meta["config"]["n_head"] == 2
