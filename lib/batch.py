@@ -16,9 +16,10 @@ its own `write` and `read`. Both the plain weights and the lean path's folded we
 import math
 
 import numpy as np
+from numba import njit
 
 from .lean import GELU_S, LeanModel
-from .model import GELU_C, LN_EPS, gelu, layer_norm
+from .model import GELU_C, LN_EPS, check_tokens, gelu, layer_norm
 from .paged import PagedSequence
 
 
@@ -52,7 +53,10 @@ class _Lean:
     """A LeanModel's folded weights: inputs are normalized rows beside a 1 column (see lib.lean)."""
 
     def __init__(self, model: LeanModel):
-        self.m, self.cfg, self.q_scale = model, model.cfg, 1.0  # 1/sqrt(D) is folded into the queries
+        self.cfg, self.q_scale = model.cfg, 1.0  # 1/sqrt(D) is folded into the queries
+        c_order = lambda w: np.ascontiguousarray(w.view(np.ndarray))  # numpy's products for many rows want C order
+        self.wte, self.wpe, self.head_w = c_order(model.wte), c_order(model.wpe), c_order(model.head)
+        self.layers = [tuple(c_order(w) for w in layer) for layer in model.layers]
 
     def _normalized(self, x):
         xa = np.ones((len(x), x.shape[1] + 1), np.float32)  # (R, C + 1)
@@ -61,16 +65,16 @@ class _Lean:
         return xa
 
     def embed(self, tokens, positions):
-        return self.m.wte[tokens] + self.m.wpe[positions]  # (R, C), zero mean per row
+        return self.wte[tokens] + self.wpe[positions]  # (R, C), zero mean per row
 
     def qkv(self, x, i):
-        return self._normalized(x) @ self.m.layers[i][0]  # (R, C + 2*KV)
+        return self._normalized(x) @ self.layers[i][0]  # (R, C + 2*KV)
 
     def proj(self, y, i):
-        return y @ self.m.layers[i][1]  # (R, C)
+        return y @ self.layers[i][1]  # (R, C)
 
     def mlp(self, x, i):
-        _, _, fc_w, mproj_w = self.m.layers[i]
+        _, _, fc_w, mproj_w = self.layers[i]
         ha = np.ones((len(x), fc_w.shape[1] + 1), np.float32)  # (R, 4C + 1)
         h = np.matmul(self._normalized(x), fc_w, out=ha[:, :-1])  # (R, 4C): h' = s * h
         u = h * h  # 2s * GELU(h) = h' (1 + tanh(h' (h'^2 + c/s)))
@@ -82,15 +86,7 @@ class _Lean:
         return ha @ mproj_w  # (R, C), bias folded in
 
     def head(self, x):
-        return self._normalized(x) @ self.m.head  # (R, V)
-
-
-def weights(model):
-    """The batched view of a model: a LeanModel, or a (params, cfg) pair for the plain path."""
-    if isinstance(model, LeanModel):
-        return _Lean(model)
-    params, cfg = model
-    return _Plain(params, cfg)
+        return self._normalized(x) @ self.head_w  # (R, V)
 
 
 def masked_attention(q, k, v, pos, scale):
@@ -112,6 +108,39 @@ def masked_attention(q, k, v, pos, scale):
     return np.matmul(att, v).reshape(Hkv, B, G, T, D)
 
 
+@njit(cache=True, fastmath=True, nogil=True)
+def paged_attention(q, k_pool, v_pool, tables, seq, pos, scale, out):  # pragma: no cover - compiled
+    """Attention of every new row straight from the block pool, as PagedAttention's kernel does:
+    no gather, no padding. Row r of sequence seq[r] at position pos[r] sees keys 0..pos[r],
+    found through the block table tables[seq[r]]; query head h reads K/V head h // G.
+
+    q, out: (R, H, D); k_pool, v_pool: (num_blocks, Hkv, bs, D); tables: (B, blocks); seq, pos: (R,)."""
+    R, H, D = q.shape
+    Hkv, bs = k_pool.shape[1], k_pool.shape[2]
+    scores = np.empty(tables.shape[1] * bs, np.float32)  # (S,) one row's scores, then weights
+    for r in range(R):
+        table, S = tables[seq[r]], pos[r] + 1
+        for h in range(H):
+            g = h // (H // Hkv)
+            top = np.float32(-np.inf)
+            for s in range(S):
+                key = k_pool[table[s // bs], g, s % bs]  # (D,)
+                acc = np.float32(0.0)
+                for d in range(D):
+                    acc += q[r, h, d] * key[d]
+                scores[s] = acc * scale
+                top = max(top, scores[s])
+            total = np.float32(0.0)
+            for s in range(S):
+                scores[s] = np.exp(scores[s] - top)
+                total += scores[s]
+            out[r, h] = 0.0
+            for s in range(S):
+                value, weight = v_pool[table[s // bs], g, s % bs], scores[s] / total  # (D,), scalar
+                for d in range(D):
+                    out[r, h, d] += weight * value[d]
+
+
 class _Rows:
     """Where each sequence's new rows sit in the stacked batch, and how its K/V is stored."""
 
@@ -119,7 +148,7 @@ class _Rows:
         self.caches, self.cfg = caches, cfg
         self.start = np.array([c.n for c in caches])  # (B,) first new position of each sequence
         self.offsets = np.concatenate([[0], np.cumsum(lengths)])  # (B + 1,) row ranges
-        seq = np.repeat(np.arange(len(caches)), lengths)  # (R,) which sequence each row is
+        self.seq = seq = np.repeat(np.arange(len(caches)), lengths)  # (R,) which sequence each row is
         self.pos = self.start[seq] + np.arange(self.offsets[-1]) - self.offsets[seq]  # (R,) positions
         self.single = [b for b, t in enumerate(lengths) if t == 1]  # decoding rows: attended together
         self.multi = [b for b, t in enumerate(lengths) if t > 1]  # prompts: each attended alone
@@ -145,29 +174,50 @@ class _Rows:
             rows = slice(self.offsets[b], self.offsets[b + 1])
             c.write(i, k[rows].transpose(1, 0, 2), v[rows].transpose(1, 0, 2))  # (Hkv, T, D)
 
-    def read(self, i, seqs):
-        """K, V of the listed sequences up to their last new position, padded: (Hkv, b, S, D) each."""
+    def read(self, i, seqs, space):
+        """K, V of the listed sequences up to their last new position, padded, in views of the
+        work space: (Hkv, b, S, D) each. Padding holds stale but finite values, masked later."""
         ends = self.start[seqs] + self.offsets[np.add(seqs, 1)] - self.offsets[seqs]
         S = int(ends.max())
-        Hkv, D = self.cfg.n_kv_head, self.cfg.head_dim
+        Hkv, D, b = self.cfg.n_kv_head, self.cfg.head_dim, len(seqs)
         if self.paged:  # one gather through the block tables, straight into head-major order
-            blocks = self.tables[seqs, :-(-S // self.block_size)]  # (b, nb)
+            bs = self.block_size
+            blocks = self.tables[seqs, :-(-S // bs)]  # (b, nb)
             rows = blocks[None] * Hkv + np.arange(Hkv)[:, None, None]  # (Hkv, b, nb) rows of the pool
-            flat = lambda a: a.reshape(-1, self.block_size, D)  # (num_blocks * Hkv, bs, D), a view
-            gather = lambda a: flat(a)[rows].reshape(Hkv, len(seqs), -1, D)[:, :, :S]  # (Hkv, b, S, D)
-            return gather(self.pool.k[i]), gather(self.pool.v[i])
-        k = np.zeros((Hkv, len(seqs), S, D), np.float32)
-        v = np.zeros_like(k)
-        for j, (b, e) in enumerate(zip(seqs, ends)):
-            k[:, j, :e], v[:, j, :e] = self.caches[b].read(i, int(e))  # (Hkv, e, D) each
+            k, v = space.kv((Hkv, b, rows.shape[-1], bs, D))
+            for pool, out in ((self.pool.k[i], k), (self.pool.v[i], v)):  # pool viewed (blocks*Hkv, bs, D)
+                np.take(pool.reshape(-1, bs, D), rows, axis=0, out=out, mode="clip")  # indices are valid
+            return k.reshape(Hkv, b, -1, D)[:, :, :S], v.reshape(Hkv, b, -1, D)[:, :, :S]
+        k, v = space.kv((Hkv, b, S, D))
+        for j, (s, e) in enumerate(zip(seqs, ends)):
+            k[:, j, :e], v[:, j, :e] = self.caches[s].read(i, int(e))  # (Hkv, e, D) each
         return k, v
 
 
-def _attend(rows: _Rows, i, q, k, v, scale):
+class _Space:
+    """Work space for the gathered K and V, grown to the largest batch seen and then reused: a
+    fresh array of a megabyte per layer would cost its page faults on every step."""
+
+    def __init__(self):
+        self.k = self.v = np.zeros(0, np.float32)
+
+    def kv(self, shape):
+        size = int(np.prod(shape))
+        if size > self.k.size:  # zeros: padding must never hold NaN
+            self.k, self.v = np.zeros(2 * size, np.float32), np.zeros(2 * size, np.float32)
+        return self.k[:size].reshape(shape), self.v[:size].reshape(shape)
+
+
+def _attend(rows: _Rows, i, q, k, v, scale, space):
     """Write the new K/V of layer i, then attention for every row: q (R, H, D) -> (R, C)."""
     cfg = rows.cfg
     Hkv, G, D = cfg.n_kv_head, cfg.group_size, cfg.head_dim
     rows.write(i, k, v)
+    if rows.paged:
+        y = np.empty(q.shape, np.float32)  # (R, H, D)
+        paged_attention(np.ascontiguousarray(q), rows.pool.k[i], rows.pool.v[i], rows.tables, rows.seq,
+                        rows.pos, np.float32(scale), y)
+        return y.reshape(len(q), cfg.n_embd)
     y = np.empty((len(q), cfg.n_embd), np.float32)  # (R, C)
     groups = ([rows.single] if rows.single else []) + [[b] for b in rows.multi]
     for seqs in groups:
@@ -176,7 +226,7 @@ def _attend(rows: _Rows, i, q, k, v, scale):
         at = slice(None) if len(at) == len(q) else at  # every row: no copies
         qs = q[at].reshape(len(seqs), T, Hkv, G, D).transpose(2, 0, 3, 1, 4)  # (Hkv, b, G, T, D)
         pos = rows.start[seqs][:, None] + np.arange(T)  # (b, T)
-        out = masked_attention(qs, *rows.read(i, seqs), pos, scale)  # (Hkv, b, G, T, D)
+        out = masked_attention(qs, *rows.read(i, seqs, space), pos, scale)  # (Hkv, b, G, T, D)
         y[at] = out.transpose(1, 3, 0, 2, 4).reshape(-1, cfg.n_embd)
     return y
 
@@ -192,46 +242,47 @@ def check_batch(cfg, new_tokens, caches):
             raise ValueError(f"a KV cache in the batch was made for {c.cfg}, not for {cfg}")
 
 
-def step_batch(model, new_tokens, caches):
-    """Append new_tokens[b] to caches[b] for every b in one pass; returns each one's logits (T_b, V).
+class BatchedModel:
+    """A model that steps many sequences at once: `step` on caches that have room (KVCache),
+    `feed` on paged sequences. model: a LeanModel, or a (params, cfg) pair for the plain path."""
 
-    model: a (params, cfg) pair (plain path) or a LeanModel. Each cache is a KVCache or a
-    PagedSequence with slots for its new tokens (use `feed_batch`). Everything is checked
-    before any cache is written, so a bad call leaves every cache as it was."""
-    from .model import check_tokens
-    w = weights(model)
-    cfg = w.cfg
-    check_batch(cfg, new_tokens, caches)
-    new_tokens = [check_tokens(t, cfg, c.n) for t, c in zip(new_tokens, caches)]
-    for t, c in zip(new_tokens, caches):
-        c.check_room(len(t))
-    lengths = [len(t) for t in new_tokens]
-    rows = _Rows(caches, lengths, cfg)
-    C, KV = cfg.n_embd, cfg.kv_dim
-    tokens = np.concatenate(new_tokens)  # (R,)
-    x = w.embed(tokens, rows.pos)  # (R, C)
-    for i in range(cfg.n_layer):
-        qkv = w.qkv(x, i)  # (R, C + 2*KV)
-        q = qkv[:, :C].reshape(-1, cfg.n_head, cfg.head_dim)  # (R, H, D)
-        k = qkv[:, C:C + KV].reshape(-1, cfg.n_kv_head, cfg.head_dim)  # (R, Hkv, D)
-        v = qkv[:, C + KV:].reshape(-1, cfg.n_kv_head, cfg.head_dim)
-        x = x + w.proj(_attend(rows, i, q, k, v, w.q_scale), i)  # (R, C)
-        x = x + w.mlp(x, i)  # (R, C)
-    for c, t in zip(caches, lengths):
-        c.advance(t)
-    logits = w.head(x)  # (R, V)
-    return [logits[a:b] for a, b in zip(rows.offsets[:-1], rows.offsets[1:])]
+    def __init__(self, model):
+        self.w = _Lean(model) if isinstance(model, LeanModel) else _Plain(*model)
+        self.cfg, self.space = self.w.cfg, _Space()
 
+    def step(self, new_tokens, caches):
+        """Append new_tokens[b] to caches[b] for every b in one pass; returns each one's logits
+        (T_b, V). Everything is checked before any cache is written, so a bad call changes nothing."""
+        w, cfg = self.w, self.cfg
+        check_batch(cfg, new_tokens, caches)
+        new_tokens = [check_tokens(t, cfg, c.n) for t, c in zip(new_tokens, caches)]
+        for t, c in zip(new_tokens, caches):
+            c.check_room(len(t))
+        lengths = [len(t) for t in new_tokens]
+        rows = _Rows(caches, lengths, cfg)
+        C, KV, H, Hkv, D = cfg.n_embd, cfg.kv_dim, cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        x = w.embed(np.concatenate(new_tokens), rows.pos)  # (R, C)
+        for i in range(cfg.n_layer):
+            qkv = w.qkv(x, i)  # (R, C + 2*KV)
+            q, k, v = (qkv[:, :C].reshape(-1, H, D), qkv[:, C:C + KV].reshape(-1, Hkv, D),
+                       qkv[:, C + KV:].reshape(-1, Hkv, D))  # (R, H, D), (R, Hkv, D), (R, Hkv, D)
+            x = x + w.proj(_attend(rows, i, q, k, v, w.q_scale, self.space), i)  # (R, C)
+            x = x + w.mlp(x, i)  # (R, C)
+        for c, t in zip(caches, lengths):
+            c.advance(t)
+        logits = w.head(x)  # (R, V)
+        return [logits[a:b] for a, b in zip(rows.offsets[:-1], rows.offsets[1:])]
 
-def feed_batch(model, seqs, new_tokens):
-    """Advance paged sequences (or any caches with `feed`) by one batched step.
+    def feed(self, seqs, new_tokens):
+        """Advance paged sequences (or any caches with `feed`) by one batched step.
 
-    Each sequence's own `feed` reserves its slots, nested one inside the next, and the innermost
-    runs `step_batch` once for all of them: a failure anywhere unwinds every feed."""
-    def nest(b):
-        if b == len(seqs):
-            return step_batch(model, new_tokens, seqs)
-        return seqs[b].feed(new_tokens[b], lambda tokens, cache: nest(b + 1))
-    if len(new_tokens) != len(seqs):
-        raise ValueError(f"a batch needs one token list per sequence: got {len(new_tokens)} and {len(seqs)}")
-    return nest(0)
+        Each sequence's own `feed` reserves its slots, nested one inside the next, and the
+        innermost runs `step` once for all of them: a failure anywhere unwinds every feed."""
+        if len(new_tokens) != len(seqs):
+            raise ValueError(f"a batch needs one token list per sequence: got {len(new_tokens)} and {len(seqs)}")
+
+        def nest(b):
+            if b == len(seqs):
+                return self.step(new_tokens, seqs)
+            return seqs[b].feed(new_tokens[b], lambda tokens, cache: nest(b + 1))
+        return nest(0)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .batch import feed_batch
+from .batch import BatchedModel
 from .bench import held_out_prompts
 from .model import check_tokens
 from .paged import PagedKVCache
@@ -140,7 +140,8 @@ def serve(model, trace, num_blocks: int, block_size: int = 16, policy: str = "co
     if not isinstance(max_batch, int) or max_batch < 1:
         raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
     check_temperature(temperature)
-    cfg = model.cfg if hasattr(model, "cfg") else model[1]
+    engine = BatchedModel(model)
+    cfg = engine.cfg
     pool = PagedKVCache(cfg, num_blocks, block_size, prefix_caching and policy == "continuous")
     manager = pool.manager
     outcomes = {r.rid: Outcome(r) for r in trace}
@@ -202,7 +203,7 @@ def serve(model, trace, num_blocks: int, block_size: int = 16, policy: str = "co
                                f"{manager.num_free} of {num_blocks} blocks free")
         # one step for the whole batch: prompts being prefilled and one token for each of the rest
         feeds = [live.feed or [live.outcome.tokens[-1]] for live in running]
-        logits = feed_batch(model, [live.seq for live in running], feeds)
+        logits = engine.feed([live.seq for live in running], feeds)
         prefill = sum(len(f) for f in feeds if len(f) > 1)
         steps += 1
         sizes.append(len(running))

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from lib.batch import feed_batch, step_batch
+from lib.batch import BatchedModel
 from lib.config import TARGET
 from lib.kv_cache import KVCache
 from lib.lean import LeanModel
@@ -18,7 +18,7 @@ MODELS = {name: (perturbed_params(cfg, seed=41), cfg) for name, cfg in (("gqa", 
 
 def _engine(name, path):
     params, cfg = MODELS[name]
-    return (LeanModel(params, cfg) if path == "lean" else (params, cfg)), params, cfg
+    return BatchedModel(LeanModel(params, cfg) if path == "lean" else (params, cfg)), params, cfg
 
 
 @settings(max_examples=40, deadline=None)
@@ -37,10 +37,10 @@ def test_batch_equals_each_sequence_alone(name, path, kind, data):
         block_size = data.draw(st.sampled_from([1, 4, 16]), label="block_size")
         pool = PagedKVCache(cfg, num_blocks=B * (-(-42 // block_size)), block_size=block_size)
         caches = [pool.add(b, p) for b, p in enumerate(prompts)]
-        run = lambda tokens: feed_batch(model, caches, tokens)
+        run = lambda tokens: model.feed(caches, tokens)
     else:
         caches = [KVCache(cfg, 42) for _ in range(B)]
-        run = lambda tokens: step_batch(model, tokens, caches)
+        run = lambda tokens: model.step(tokens, caches)
     outs = [run(prompts)] + [run(c) for c in chunks]
     for b in range(B):
         tokens = prompts[b] + [t for c in chunks for t in c[b]]
@@ -55,16 +55,17 @@ def test_trained_model_batch_gives_the_same_greedy_tokens():
     from lib.model import load
     params, cfg = load("target")
     lean = LeanModel(params, cfg)
+    batched = BatchedModel(lean)
     prompts = [np.arange(3 + 7 * b) * (b + 5) % cfg.vocab_size for b in range(8)]
     pool = PagedKVCache(cfg, num_blocks=40, block_size=16)
     seqs = [pool.add(b, p) for b, p in enumerate(prompts)]
-    last = [rows[-1] for rows in feed_batch(lean, seqs, prompts)]
+    last = [rows[-1] for rows in batched.feed(seqs, prompts)]
     out = [[] for _ in prompts]
     for _ in range(20):
         nxt = [[int(np.argmax(l))] for l in last]
         for o, t in zip(out, nxt):
             o.append(t[0])
-        last = [rows[-1] for rows in feed_batch(lean, seqs, nxt)]
+        last = [rows[-1] for rows in batched.feed(seqs, nxt)]
     assert out == [generate(params, cfg, p, 20, step=lean).tokens.tolist() for p in prompts]
 
 
@@ -74,13 +75,13 @@ def test_bad_token_leaves_every_cache_as_it_was(kind):
     if kind == "paged":
         pool = PagedKVCache(cfg, num_blocks=8, block_size=4)
         caches = [pool.add(b, [1, 2, 3]) for b in range(2)]
-        feed_batch(model, caches, [[1, 2, 3], [1, 2, 3]])
-        run = lambda tokens: feed_batch(model, caches, tokens)
+        model.feed(caches, [[1, 2, 3], [1, 2, 3]])
+        run = lambda tokens: model.feed(caches, tokens)
         state = lambda: (pool.manager.num_free, [list(c.block_table) for c in caches], [c.n for c in caches])
     else:
         caches = [KVCache(cfg, 16) for _ in range(2)]
-        step_batch(model, [[1, 2, 3], [1, 2, 3]], caches)
-        run = lambda tokens: step_batch(model, tokens, caches)
+        model.step([[1, 2, 3], [1, 2, 3]], caches)
+        run = lambda tokens: model.step(tokens, caches)
         state = lambda: [c.n for c in caches]
     before = state()
     with pytest.raises(ValueError, match="outside the vocabulary"):
@@ -93,12 +94,12 @@ def test_pool_too_small_for_the_batch_unwinds_every_sequence():
     model, params, cfg = _engine("gqa", "plain")
     pool = PagedKVCache(cfg, num_blocks=2, block_size=4)
     a, b = pool.add("a", [1, 2, 3, 4]), pool.add("b", [5, 6, 7, 8])
-    feed_batch(model, [a, b], [[1, 2, 3, 4], [5, 6, 7, 8]])
+    model.feed([a, b], [[1, 2, 3, 4], [5, 6, 7, 8]])
     with pytest.raises(ValueError, match="out of blocks"):
-        feed_batch(model, [a, b], [[9], [9]])
+        model.feed([a, b], [[9], [9]])
     assert (a.n, b.n, pool.manager.num_free) == (4, 4, 0)
     pool.free(b)
-    logits = feed_batch(model, [a], [[9]])[0]
+    logits = model.feed([a], [[9]])[0]
     np.testing.assert_allclose(logits, forward(params, cfg, [1, 2, 3, 4, 9])[-1:], atol=1e-5, rtol=0)
 
 
@@ -111,10 +112,10 @@ def test_malformed_batch_is_refused(tokens, caches, message):
     cache = KVCache(cfg)
     cache_list = [cache, cache] if caches == "same" else [KVCache(cfg) for _ in range(caches)]
     with pytest.raises(ValueError, match=message):
-        step_batch(model, tokens, cache_list)
+        model.step(tokens, cache_list)
 
 
 def test_cache_of_another_model_is_refused():
     model, _, _ = _engine("gqa", "plain")
     with pytest.raises(ValueError, match="made for"):
-        step_batch(model, [[1]], [KVCache(MQA)])
+        model.step([[1]], [KVCache(MQA)])
