@@ -1,5 +1,6 @@
-"""The rendered book: sliders switch plots in a real browser without a kernel, and no page
-loads a script, style, font or image from another host."""
+"""The rendered book: sliders switch plots in a real browser without a kernel, no page loads a
+script, style, font or image from another host, logs a console error, or has an element wider
+than its content column (at 1280 px)."""
 import os
 import re
 import shutil
@@ -27,6 +28,30 @@ def figure(k):
 
 slider_plot(figure, {"k": [1, 2, 3, 4, 5]})
 '''
+LONG_LINES_CELL = '''
+print("a long output line " * 12)  # a reader must see all of it: it wraps
+raise ValueError("a long error message that a reader needs to read in full, " * 4)
+'''
+# Elements (visible, not zero-sized) whose box reaches past the article column's right edge, or
+# whose content is wider than their box (cut off, or hidden behind a scroll bar).
+OVERFLOW_JS = """
+() => {
+  const column = document.querySelector("article.bd-article").getBoundingClientRect();
+  const wide = [];
+  for (const el of document.querySelectorAll("article.bd-article *")) {
+    const box = el.getBoundingClientRect();
+    if (box.width === 0 || box.height === 0 || el.closest("mjx-assistive-mml")) continue;
+    // a few pixels of overhang (italic math) are not hidden content
+    const past = box.right > column.right + 1, inside = el.scrollWidth > el.clientWidth + 8 && el.clientWidth > 0;
+    if (past || inside) {
+      const what = past ? `ends at ${Math.round(box.right)} px, column at ${Math.round(column.right)}`
+                        : `content ${el.scrollWidth} px wide in a ${el.clientWidth} px box`;
+      wide.push(`${el.tagName}.${el.className} ${what}: ${(el.textContent || "").slice(0, 60)}`);
+    }
+  }
+  return wide;
+}
+"""
 
 
 def external_urls(html_dir: Path):
@@ -48,7 +73,8 @@ def slider_site(tmp_path_factory):
     (src / "_toc.yml").write_text("format: jb-book\nroot: slider\n")
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_markdown_cell("# A slider\n\nMath renders offline: $e^{i\\pi} + 1 = 0$."),
-        nbformat.v4.new_code_cell(SLIDER_CELL)])
+        nbformat.v4.new_code_cell(SLIDER_CELL),
+        nbformat.v4.new_code_cell(LONG_LINES_CELL, metadata={"tags": ["raises-exception"]})])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, src / "slider.ipynb")
     cli = Path(sys.executable).parent / "jupyter-book"  # the one installed with this Python
@@ -86,6 +112,16 @@ def need_chromium():
         pytest.skip("Chromium not installed (apt-get install chromium)")
 
 
+def open_page(browser, path: Path):
+    """The page at 1280 px, loaded, with its console errors and failed requests collected."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.errors, page.failed = [], []
+    page.on("console", lambda m: page.errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: page.errors.append(str(e)))
+    page.on("requestfailed", lambda r: page.failed.append(r.url))
+    return page
+
+
 def test_every_built_page_loads_offline_with_its_widgets():
     site = ROOT / "_build" / "html"
     if not (site / "index.html").exists():
@@ -97,16 +133,17 @@ def test_every_built_page_loads_offline_with_its_widgets():
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         for path in sorted((site / "book").glob("*.html")):
-            page = browser.new_page()
-            failed, outside = [], []
-            page.on("requestfailed", lambda r: failed.append(r.url))
+            page = open_page(browser, path)
+            outside = []
             page.on("request", lambda r: None if r.url.startswith(("file:", "data:", "blob:")) else outside.append(r.url))
             page.goto(path.as_uri())
             page.wait_for_load_state("load")
             if "application/vnd.jupyter.widget-state+json" in path.read_text():
                 page.locator(".widget-slider").first.wait_for(timeout=30_000)
-            if failed or outside:
-                problems.append((path.name, failed, outside))
+            page.wait_for_timeout(1000)  # MathJax and the widgets finish rendering
+            wide = page.evaluate(OVERFLOW_JS)
+            if page.failed or outside or page.errors or wide:
+                problems.append((path.name, page.failed, outside, page.errors, wide[:5]))
             page.close()
         browser.close()
     assert problems == []
@@ -119,10 +156,8 @@ def test_slider_switches_the_plot_in_a_browser(slider_site):
     requests = []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page()
+        page = open_page(browser, slider_site / "slider.html")
         page.on("request", lambda r: requests.append(r.url))
-        failed = []
-        page.on("requestfailed", lambda r: failed.append(r.url))
         page.goto((slider_site / "slider.html").as_uri())
         image = page.locator(".widget-image:visible").first
         image.wait_for(timeout=30_000)
@@ -136,9 +171,32 @@ def test_slider_switches_the_plot_in_a_browser(slider_site):
         assert page.locator(".widget-readout").first.inner_text() == "4"
         after = page.locator(".widget-image:visible").first.screenshot()
         math = page.locator("mjx-container").count()
+        wide = page.evaluate(OVERFLOW_JS)
+        errors, failed = page.errors, page.failed
         browser.close()
     assert before != after, "moving the slider did not change the image"
     assert math >= 1, "MathJax did not render the formula"
     assert failed == [], f"requests failed: {failed}"
+    assert errors == [], f"console errors: {errors}"
+    assert wide == [], f"elements wider than the column: {wide}"
     assert all(url.startswith(("file:", "data:", "blob:")) for url in requests), \
         [u for u in requests if not u.startswith(("file:", "data:", "blob:"))]
+
+
+def test_overflow_check_finds_an_element_wider_than_the_column(tmp_path):
+    need_chromium()
+    from playwright.sync_api import sync_playwright
+
+    page_file = tmp_path / "wide.html"
+    page_file.write_text('<body style="width:1280px"><article class="bd-article" style="width:700px">'
+                         '<pre style="white-space:pre">' + "x" * 300 + '</pre><p>fits</p></article></body>')
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = open_page(browser, page_file)
+        page.goto(page_file.as_uri())
+        wide = page.evaluate(OVERFLOW_JS)
+        page.evaluate("console.error('boom')")
+        errors = page.errors
+        browser.close()
+    assert len(wide) == 1 and wide[0].startswith("PRE")
+    assert errors == ["boom"]
