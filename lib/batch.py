@@ -6,12 +6,12 @@ batching of Orca (Yu et al. 2022), whose "selective batching" runs the products 
 rows and attention sequence by sequence, since each sequence attends to its own keys. Rows
 may be ragged: one new token for a decoding sequence, a whole prompt for one being prefilled.
 
-Attention here: every one-token row is handled in one masked product over K/V padded to the
-longest sequence; a sequence with several new rows is handled alone. Paged sequences of one
-pool are read and written through their block tables in one gather and one scatter per layer,
-as PagedAttention does in its kernel (Kwon et al. 2023, vLLM); any other cache goes through
-its own `write` and `read`. Both the plain weights and the lean path's folded weights
-(`lib.lean.LeanModel`) run here; every sequence's logits equal decoding it alone.
+Attention: paged sequences of one pool are written through their block tables in one scatter
+per layer and read by one compiled kernel that walks each row's block table, as PagedAttention
+does (Kwon et al. 2023, vLLM): no gather, no padding. Any other caches go through their own
+`write` and `read`, padded to the longest, one masked product for all one-token rows and one
+per prompt. Both the plain weights and the lean path's folded weights (`lib.lean.LeanModel`)
+run here; every sequence's logits equal decoding it alone (tests/test_batch.py).
 """
 import math
 
@@ -110,9 +110,9 @@ def masked_attention(q, k, v, pos, scale):
 
 @njit(cache=True, fastmath=True, nogil=True)
 def paged_attention(q, k_pool, v_pool, tables, seq, pos, scale, out):  # pragma: no cover - compiled
-    """Attention of every new row straight from the block pool, as PagedAttention's kernel does:
-    no gather, no padding. Row r of sequence seq[r] at position pos[r] sees keys 0..pos[r],
-    found through the block table tables[seq[r]]; query head h reads K/V head h // G.
+    """Attention of every new row straight from the block pool: row r, of sequence seq[r] at
+    position pos[r], sees keys 0..pos[r] through the block table tables[seq[r]]; query head h
+    reads K/V head h // G.
 
     q, out: (R, H, D); k_pool, v_pool: (num_blocks, Hkv, bs, D); tables: (B, blocks); seq, pos: (R,)."""
     R, H, D = q.shape
@@ -124,10 +124,10 @@ def paged_attention(q, k_pool, v_pool, tables, seq, pos, scale, out):  # pragma:
             g = h // (H // Hkv)
             top = np.float32(-np.inf)
             for s in range(S):
-                key = k_pool[table[s // bs], g, s % bs]  # (D,)
+                blk, j = table[s // bs], s % bs
                 acc = np.float32(0.0)
                 for d in range(D):
-                    acc += q[r, h, d] * key[d]
+                    acc += q[r, h, d] * k_pool[blk, g, j, d]
                 scores[s] = acc * scale
                 top = max(top, scores[s])
             total = np.float32(0.0)
@@ -136,9 +136,9 @@ def paged_attention(q, k_pool, v_pool, tables, seq, pos, scale, out):  # pragma:
                 total += scores[s]
             out[r, h] = 0.0
             for s in range(S):
-                value, weight = v_pool[table[s // bs], g, s % bs], scores[s] / total  # (D,), scalar
+                blk, j, weight = table[s // bs], s % bs, scores[s] / total
                 for d in range(D):
-                    out[r, h, d] += weight * value[d]
+                    out[r, h, d] += weight * v_pool[blk, g, j, d]
 
 
 class _Rows:
@@ -154,15 +154,14 @@ class _Rows:
         self.multi = [b for b, t in enumerate(lengths) if t > 1]  # prompts: each attended alone
         pools = {id(c.pool) for c in caches if isinstance(c, PagedSequence)}
         self.paged = len(pools) == 1 and all(isinstance(c, PagedSequence) for c in caches)
-        if self.paged:  # every row's (block, offset) slot, and the block tables padded to the longest
+        if self.paged:  # every row's (block, offset) slot, and the block tables side by side
             self.pool, bs = caches[0].pool, caches[0].pool.manager.block_size
             width = -(-int(self.pos.max() + 1) // bs)
-            self.tables = np.zeros((len(caches), width), np.int64)  # (B, blocks); padding reads block 0
+            self.tables = np.zeros((len(caches), width), np.int64)  # (B, blocks), unused entries 0
             for b, c in enumerate(caches):
                 used = c.block_table[:width]
                 self.tables[b, :len(used)] = used
             self.slots = self.tables[seq, self.pos // bs], self.pos % bs  # (R,), (R,)
-            self.block_size = bs
 
     def write(self, i, k, v):
         """K, V of every new row, (R, Hkv, D), into the caches."""
@@ -175,19 +174,11 @@ class _Rows:
             c.write(i, k[rows].transpose(1, 0, 2), v[rows].transpose(1, 0, 2))  # (Hkv, T, D)
 
     def read(self, i, seqs, space):
-        """K, V of the listed sequences up to their last new position, padded, in views of the
-        work space: (Hkv, b, S, D) each. Padding holds stale but finite values, masked later."""
+        """K, V of the listed (contiguous) caches up to their last new position, padded, in views
+        of the work space: (Hkv, b, S, D) each. Padding holds stale but finite values, masked later."""
         ends = self.start[seqs] + self.offsets[np.add(seqs, 1)] - self.offsets[seqs]
         S = int(ends.max())
         Hkv, D, b = self.cfg.n_kv_head, self.cfg.head_dim, len(seqs)
-        if self.paged:  # one gather through the block tables, straight into head-major order
-            bs = self.block_size
-            blocks = self.tables[seqs, :-(-S // bs)]  # (b, nb)
-            rows = blocks[None] * Hkv + np.arange(Hkv)[:, None, None]  # (Hkv, b, nb) rows of the pool
-            k, v = space.kv((Hkv, b, rows.shape[-1], bs, D))
-            for pool, out in ((self.pool.k[i], k), (self.pool.v[i], v)):  # pool viewed (blocks*Hkv, bs, D)
-                np.take(pool.reshape(-1, bs, D), rows, axis=0, out=out, mode="clip")  # indices are valid
-            return k.reshape(Hkv, b, -1, D)[:, :, :S], v.reshape(Hkv, b, -1, D)[:, :, :S]
         k, v = space.kv((Hkv, b, S, D))
         for j, (s, e) in enumerate(zip(seqs, ends)):
             k[:, j, :e], v[:, j, :e] = self.caches[s].read(i, int(e))  # (Hkv, e, D) each
@@ -195,7 +186,7 @@ class _Rows:
 
 
 class _Space:
-    """Work space for the gathered K and V, grown to the largest batch seen and then reused: a
+    """Work space for the padded K and V, grown to the largest batch seen and then reused: a
     fresh array of a megabyte per layer would cost its page faults on every step."""
 
     def __init__(self):
