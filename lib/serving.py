@@ -60,16 +60,17 @@ class Outcome:
 
 
 def make_trace(n: int, rate: float, seed: int = 0, burstiness: float = 1.0, prompt_len=(8, 48),
-               n_new=(4, 64), system=()) -> list:
+               n_new=(4, 128), system=()) -> list:
     """n requests at `rate` per second on average; gaps ~ Gamma(burstiness, 1 / (rate * burstiness)).
-    Prompts are line starts of the held-out text cut to a length drawn from prompt_len (inclusive),
-    after an optional shared system prompt; outputs have a length drawn from n_new."""
+    Prompts are line starts of the held-out text cut to a length drawn uniformly from prompt_len,
+    after an optional shared system prompt. Output lengths are log-uniform over n_new: many short
+    answers and a few long ones, as in chat traces."""
     if n < 1 or rate <= 0 or burstiness <= 0:
         raise ValueError(f"need n >= 1, rate > 0 and burstiness > 0, got {n}, {rate}, {burstiness}")
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.gamma(burstiness, 1.0 / (rate * burstiness), n))  # (n,)
     lengths = rng.integers(prompt_len[0], prompt_len[1] + 1, n)
-    outputs = rng.integers(n_new[0], n_new[1] + 1, n)
+    outputs = np.exp(rng.uniform(np.log(n_new[0]), np.log(n_new[1] + 1), n)).astype(int)  # (n,) in n_new
     texts = held_out_prompts(n, prompt_len[1])
     system = np.asarray(system, np.int64)
     return [Request(i, float(arrivals[i]), np.concatenate([system, texts[i][:lengths[i]]]), int(outputs[i]))
@@ -113,7 +114,7 @@ class Report:
     preemptions: int
     recomputed: int  # tokens computed again after preemptions
     peak_blocks: int
-    batch_sizes: list  # sequences in each step
+    timeline: np.ndarray  # (steps, 3): time at the end of each step, sequences in it, blocks in use
 
     def summary(self) -> dict:
         done = [o for o in self.outcomes if not o.rejected]
@@ -124,22 +125,31 @@ class Report:
                 "tokens/s": sum(len(o.tokens) for o in done) / self.makespan if self.makespan else 0.0,
                 "TTFT p50 ms": pct(ttft, 50), "TTFT p99 ms": pct(ttft, 99),
                 "TPOT p50 ms": pct(tpot, 50), "TPOT p99 ms": pct(tpot, 99),
-                "mean batch": float(np.mean(self.batch_sizes)) if self.batch_sizes else 0.0,
+                "mean batch": float(self.timeline[:, 1].mean()) if self.steps else 0.0,
                 "preemptions": self.preemptions, "recomputed tokens": self.recomputed,
                 "peak blocks": self.peak_blocks}
 
 
 def serve(model, trace, num_blocks: int, block_size: int = 16, policy: str = "continuous",
-          max_batch: int = 32, prefix_caching: bool = True, temperature: float = 0.0, cost=None) -> Report:
+          max_batch: int = 32, prefix_caching: bool = True, temperature: float = 0.0,
+          watermark: float = 0.01, prefill_chunk=None, cost=None) -> Report:
     """Run a trace of requests through one engine; returns every request's outcome and the pool.
 
-    model: a LeanModel or a (params, cfg) pair. policy: "continuous" or "static". cost: None to
-    measure each iteration's time, or cost(prefill_tokens, batch) -> seconds."""
+    model: a LeanModel or a (params, cfg) pair. policy: "continuous" or "static".
+    watermark: share of the pool a new request must leave free while others run (vLLM's
+    watermark), so that running sequences can grow without being preempted at once.
+    prefill_chunk: at most this many prompt tokens per step (chunked prefill, Sarathi-Serve), so
+    a long prompt does not stall the others' next tokens; None: whole prompts.
+    cost: None to measure each iteration's time, or cost(prefill_tokens, batch) -> seconds."""
     if policy not in ("continuous", "static"):
         raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}")
     if not isinstance(max_batch, int) or max_batch < 1:
         raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
     check_temperature(temperature)
+    if not 0 <= watermark < 1:
+        raise ValueError(f"watermark must be a share of the pool in [0, 1), got {watermark!r}")
+    if prefill_chunk is not None and (not isinstance(prefill_chunk, int) or prefill_chunk < 1):
+        raise ValueError(f"prefill_chunk must be a positive integer or None, got {prefill_chunk!r}")
     engine = BatchedModel(model)
     cfg = engine.cfg
     pool = PagedKVCache(cfg, num_blocks, block_size, prefix_caching and policy == "continuous")
@@ -157,7 +167,7 @@ def serve(model, trace, num_blocks: int, block_size: int = 16, policy: str = "co
     blocks = lambda n: -(-n // block_size)
     waiting, running = deque(), []
     now = arrivals[0].arrival if arrivals else 0.0
-    start, steps, preemptions, recomputed, peak, sizes = now, 0, 0, 0, 0, []
+    start, steps, preemptions, recomputed, peak, timeline = now, 0, 0, 0, 0, []
     reserved = 0  # static: blocks set aside for the running batch
     while arrivals or waiting or running:
         while arrivals and arrivals[0].arrival <= now:
@@ -172,7 +182,7 @@ def serve(model, trace, num_blocks: int, block_size: int = 16, policy: str = "co
         for live in list(running) if policy == "continuous" else []:
             if live not in running:
                 break  # it was preempted itself, and every newer one before it
-            need[live] = _append_need(manager, live.seq)
+            need[live] = 0 if live.feed else _append_need(manager, live.seq)  # prompts have their blocks
             while sum(need.values()) > manager.num_free:
                 victim = running.pop()
                 need.pop(victim, None)
@@ -187,7 +197,8 @@ def serve(model, trace, num_blocks: int, block_size: int = 16, policy: str = "co
             out = outcomes[req.rid]
             tokens = np.concatenate([req.prompt, np.asarray(out.tokens, np.int64)])
             if policy == "continuous":
-                fits = blocks(len(tokens)) + sum(need.values()) <= manager.num_free
+                keep = int(watermark * num_blocks) if running else 0
+                fits = blocks(len(tokens)) + sum(need.values()) + keep <= manager.num_free
             else:
                 fits = reserved + blocks(len(req.prompt) + req.n_new - 1) <= num_blocks
             if not fits:
@@ -201,21 +212,34 @@ def serve(model, trace, num_blocks: int, block_size: int = 16, policy: str = "co
         if not running:
             raise RuntimeError(f"scheduler stalled: {len(waiting)} waiting, none admitted, "
                                f"{manager.num_free} of {num_blocks} blocks free")
-        # one step for the whole batch: prompts being prefilled and one token for each of the rest
-        feeds = [live.feed or [live.outcome.tokens[-1]] for live in running]
-        logits = engine.feed([live.seq for live in running], feeds)
-        prefill = sum(len(f) for f in feeds if len(f) > 1)
+        # one step for the whole batch: prompts (or their next chunk) and one token for each of the rest
+        budget, batch, feeds = prefill_chunk or sum(len(live.feed) for live in running), [], []
+        for live in running:
+            if live.feed and budget:
+                feeds.append(live.feed[:budget])
+                budget -= len(feeds[-1])
+            elif not live.feed:
+                feeds.append([live.outcome.tokens[-1]])
+            else:
+                continue  # its prompt waits for the next step's budget
+            batch.append(live)
+        logits = engine.feed([live.seq for live in batch], feeds)
+        prefill = sum(len(f) for live, f in zip(batch, feeds) if live.feed)
         steps += 1
-        sizes.append(len(running))
-        peak = max(peak, num_blocks - manager.num_free)
-        finished = []
-        for live, rows in zip(running, logits):
-            live.feed = []
+        used = num_blocks - manager.num_free
+        peak = max(peak, used)
+        finished, sampled = [], []
+        for live, f, rows in zip(batch, feeds, logits):
+            live.feed = live.feed[len(f):] if live.feed else []
+            if live.feed:
+                continue  # more of its prompt to come: no token yet
             live.outcome.tokens.append(next_token(rows[-1], temperature, rngs[live.outcome.request.rid]))
+            sampled.append(live)
             if len(live.outcome.tokens) == live.outcome.request.n_new:
                 finished.append(live)
-        now += cost(prefill, len(running)) if cost else time.perf_counter() - tick
-        for live in running:
+        now += cost(prefill, len(batch)) if cost else time.perf_counter() - tick
+        timeline.append((now, len(batch), used))
+        for live in sampled:
             if math.isnan(live.outcome.first):
                 live.outcome.first = now
         for live in finished:
@@ -225,4 +249,4 @@ def serve(model, trace, num_blocks: int, block_size: int = 16, policy: str = "co
         if policy == "static" and not running:
             reserved = 0
     return Report([outcomes[r.rid] for r in trace], pool, now - start, steps, preemptions, recomputed,
-                  peak, sizes)
+                  peak, np.array(timeline).reshape(-1, 3))

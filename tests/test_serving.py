@@ -39,11 +39,13 @@ def check_report(report, trace):
 @given(num_blocks=st.integers(2, 14), block_size=st.sampled_from([2, 4, 8]),
        burstiness=st.sampled_from([0.1, 0.5, 1.0]), n=st.integers(1, 8), seed=st.integers(0, 99),
        policy=st.sampled_from(["continuous", "static"]), prefix=st.booleans(), system=st.booleans(),
-       max_batch=st.integers(1, 6))
-def test_tiny_pools_and_bursty_traces(num_blocks, block_size, burstiness, n, seed, policy, prefix, system, max_batch):
+       max_batch=st.integers(1, 6), watermark=st.sampled_from([0.0, 0.3]), chunk=st.sampled_from([None, 1, 5]))
+def test_tiny_pools_and_bursty_traces(num_blocks, block_size, burstiness, n, seed, policy, prefix, system, max_batch,
+                                      watermark, chunk):
     trace = make_trace(n, rate=500.0, seed=seed, burstiness=burstiness, prompt_len=(1, 12), n_new=(1, 10),
                        system=np.arange(6) * 7 % CFG.vocab_size if system else ())
-    report = serve(LEAN, trace, num_blocks, block_size, policy, max_batch, prefix, cost=COST)
+    report = serve(LEAN, trace, num_blocks, block_size, policy, max_batch, prefix, watermark=watermark,
+                   prefill_chunk=chunk, cost=COST)
     check_report(report, trace)
     for out in report.outcomes:
         need = -(-(len(out.request.prompt) + out.request.n_new - 1) // block_size)
@@ -97,6 +99,8 @@ def test_temperature_sampling_matches_each_request_sampled_alone():
     ({"max_batch": 0}, "max_batch must be"),
     ({"temperature": -1.0}, "temperature must be"),
     ({"num_blocks": 0}, "num_blocks must be"),
+    ({"watermark": 1.0}, "watermark must be"),
+    ({"prefill_chunk": 0}, "prefill_chunk must be"),
 ])
 def test_bad_settings_are_refused(kwargs, message):
     args = {"num_blocks": 8, **kwargs}
