@@ -20,7 +20,7 @@ from numba import njit
 
 from .lean import GELU_S, LeanModel
 from .model import GELU_C, LN_EPS, check_tokens, gelu, layer_norm
-from .paged import PagedSequence
+from .paged import PagedKVCache, PagedSequence
 
 
 class _Plain:
@@ -277,3 +277,20 @@ class BatchedModel:
                 return self.step(new_tokens, seqs)
             return seqs[b].feed(new_tokens[b], lambda tokens, cache: nest(b + 1))
         return nest(0)
+
+
+def batch_stepper(batched: BatchedModel, positions, block_size: int = 16):
+    """A function that runs one batched decode step for sequences with `positions` cached tokens
+    (in one paged pool), then drops the new tokens again: ready to time, like bench.stepper."""
+    cfg, positions = batched.cfg, [int(p) for p in positions]
+    pool = PagedKVCache(cfg, sum(-(-(p + 1) // block_size) for p in positions), block_size, prefix_caching=False)
+    prompts = [np.arange(p) % cfg.vocab_size for p in positions]
+    seqs = [pool.add(b, p) for b, p in enumerate(prompts)]
+    batched.feed(seqs, prompts)
+    new = [[1]] * len(seqs)
+
+    def call():
+        batched.feed(seqs, new)
+        for seq, p in zip(seqs, positions):
+            seq.truncate(p)
+    return call

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .batch import BatchedModel
-from .bench import held_out_prompts
+from .batch import BatchedModel, batch_stepper
+from .bench import held_out_prompts, paired, single_thread, stepper
 from .model import check_tokens
 from .paged import PagedKVCache
 from .sampling import check_temperature, next_token
@@ -250,3 +250,61 @@ def serve(model, trace, num_blocks: int, block_size: int = 16, policy: str = "co
             reserved = 0
     return Report([outcomes[r.rid] for r in trace], pool, now - start, steps, preemptions, recomputed,
                   peak, np.array(timeline).reshape(-1, 3))
+
+
+# ----------------------------------------------------------------------------- measurements
+
+def decode_speedup(lean, positions, repeats: int = 9):
+    """One batched decode step for sequences at `positions` against decoding each alone on the
+    lean path, timed back to back: (seconds for all alone, seconds batched, speed-up), medians."""
+    solos = [stepper(lean, lean.cfg, int(p)) for p in positions]
+    alone, batched, ratio = paired(lambda: [s() for s in solos], batch_stepper(BatchedModel(lean), positions), repeats)
+    return alone, batched, 1.0 / ratio
+
+
+def compare(model, trace, num_blocks: int, repeats: int = 3, policies=("static", "continuous"), **kwargs):
+    """Each policy on the same trace and pool, `repeats` times: {policy: the run of median
+    throughput}. Tokens are the same in every run; only the timings vary."""
+    runs = {}
+    for policy in policies:
+        reports = [serve(model, trace, num_blocks, policy=policy, **kwargs) for _ in range(repeats)]
+        runs[policy] = sorted(reports, key=lambda r: r.summary()["tokens/s"])[len(reports) // 2]
+    return runs
+
+
+BENCH_TRACE = dict(n=48, rate=1000.0, seed=0, burstiness=0.25)  # a bursty trace (gamma shape 1/4)
+BENCH_BLOCKS = 48  # blocks of 16 positions: 768 positions, the cache of 1.5 full-context sequences
+
+
+def bench_rows(out=print):
+    """The serving lines of `python -m lib.bench`: batched decode of the trained target against
+    decoding alone, continuous against static batching; returns the goals as (text, value, met)."""
+    from .generate import generate
+    from .lean import LeanModel
+    from .model import load
+    params, cfg = load("target")
+    lean = LeanModel(params, cfg)
+    positions = np.random.default_rng(0).integers(16, 129, 32)  # cached tokens of each sequence
+    with single_thread():
+        out("batched decode of the target, lean, B sequences at positions 16..128 (paired with each alone)")
+        speedup = {}
+        for B in (1, 4, 16, 32):
+            alone, batched, speedup[B] = decode_speedup(lean, positions[:B])
+            out(f"  B = {B:2d}: alone {alone * 1e3:6.2f} ms, batched {batched * 1e3:6.2f} ms per step, "
+                f"{B / batched:7.0f} tokens/s, {speedup[B]:.2f}x")
+        trace = make_trace(**BENCH_TRACE)
+        runs = compare(lean, trace, BENCH_BLOCKS)
+    out(f"\n{BENCH_TRACE['n']} requests, bursty arrivals, {BENCH_BLOCKS} blocks of 16 for both (median of 3 runs)")
+    for policy, report in runs.items():
+        s = report.summary()
+        out(f"  {policy:10s} {s['tokens/s']:7.0f} tokens/s, TTFT p50/p99 {s['TTFT p50 ms']:6.1f}/{s['TTFT p99 ms']:6.1f} ms, "
+            f"TPOT p50/p99 {s['TPOT p50 ms']:5.2f}/{s['TPOT p99 ms']:5.2f} ms, {s['preemptions']} preemptions")
+    solo = {r.rid: generate(params, cfg, r.prompt, r.n_new, step=lean).tokens.tolist() for r in trace}
+    exact = all(o.tokens == solo[o.request.rid] for rep in runs.values() for o in rep.outcomes)
+    clean = all(rep.pool.manager.num_free == BENCH_BLOCKS and not any(rep.pool.manager.ref) for rep in runs.values())
+    cont, stat = runs["continuous"].summary(), runs["static"].summary()
+    gain, tpot = cont["tokens/s"] / stat["tokens/s"], cont["TPOT p99 ms"] / stat["TPOT p99 ms"]
+    return [("batched decode, B = 16 >= 8 x the tokens/s of decoding alone", speedup[16], speedup[16] >= 8),
+            ("continuous >= 2 x static throughput, bursty trace, equal memory", gain, gain >= 2),
+            ("... with p99 TPOT no worse (continuous / static)", tpot, tpot <= 1),
+            ("served tokens equal solo decoding, no block leaked (1 = yes)", float(exact and clean), exact and clean)]
