@@ -1,15 +1,15 @@
-"""A small-rows weight product: a (T, K) @ w (K, N) for 2 <= T <= 8 that reads each weight once.
+"""A small-rows weight product: a (T, K) @ w (K, N) for 2 <= T <= 9 that reads each weight once.
 
 Verifying k draft tokens multiplies k+1 rows by every weight matrix. A general matrix product
 (BLAS gemm) is built for many rows: it copies ("packs") blocks of the weight matrix into a
 buffer laid out for its inner kernel and streams them back, work that pays for itself only when
-each packed block is reused by many rows (Goto & van de Geijn 2008). With 2-8 rows it is not,
+each packed block is reused by many rows (Goto & van de Geijn 2008). With 2-9 rows it is not,
 and OpenBLAS's gemm costs 2-3x its one-row path (gemv) even when the weights stream from
 memory, where the extra rows should be nearly free.
 
-The kernel below is what llama.cpp's and other CPU engines' small-batch paths do: the weights
-are stored transposed, so each output column is a contiguous row `wt[n]` of K weights, and a
-block of 3 output columns x 4 input rows is accumulated in 12 registers over K: every weight
+The kernel below keeps the weights transposed, as CPU engines such as llama.cpp store them
+(each output column's K weights contiguous, a row `wt[n]`), and accumulates a block of 3 output
+columns x 4 input rows is accumulated in 12 registers over K: every weight
 loaded is used by 4 rows, every input value by 3 columns (2 or 1 rows for what is left of T).
 numba compiles it with `fastmath` (which lets LLVM reorder the sums into SIMD lanes) and caches
 the machine code in `__pycache__` beside this file (`cache=True`), so each process after the
@@ -23,7 +23,7 @@ from numba import njit
 
 from .bench import median_time
 
-MAX_ROWS = 8  # the kernel is considered for 2..MAX_ROWS rows; one row stays with BLAS's gemv
+MAX_ROWS = 9  # the kernel is considered for 2..MAX_ROWS rows (k = 8 verifies 9); one row stays with gemv
 
 
 @njit(cache=True, fastmath=True, nogil=True, inline="always")

@@ -22,9 +22,9 @@ softmax and GELU work in place with `out=` on preallocated buffers. The target's
 makes about 90 numpy calls against the plain path's 206. It is tested exact against the plain
 reference `model.forward`, for any shape (cost stand-ins of GPT-2-small size included).
 
-Weight products: one row goes through BLAS's matrix-vector product. For 2-8 rows (verifying
+Weight products: one row goes through BLAS's matrix-vector product. For 2-9 rows (verifying
 draft tokens) a general product is slow (see `lib.kernels`), so when the model is built each
-candidate for 2..8 rows (numpy's product, a batch of one-row products, the small-rows kernel
+candidate for 2..9 rows (numpy's product, a batch of one-row products, the small-rows kernel
 of `lib.kernels`) is timed on the model's own matrices and the fastest is used for that T
 (`products="auto"`). The choice is measured, not assumed, because it differs between a model
 whose weights sit in cache and one that streams them from memory, and between machines.

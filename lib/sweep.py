@@ -1,0 +1,110 @@
+"""Measuring speculative decoding: what a call costs, and the speed-up for each k, against the
+formulas of Leviathan et al. 2023 (tokens per call, their eq. 1; speed-up, their Theorem 3.8).
+
+The target can be a LeanModel (the trained model at its own cost) or a `lib.standins.CostShadow`
+(the trained model's decisions at a large model's cost). Baseline and speculative runs are
+timed interleaved (baseline, k1, baseline, k2, ..., baseline), each k against the mean of the
+two baselines beside it, so a machine whose speed drifts affects both sides alike.
+"""
+import time
+
+import numpy as np
+
+from .bench import median_time, paired, stepper
+from .generate import generate
+from .lean import cached_step
+from .speculative import expected_speedup, expected_tokens_per_call, speculative_generate
+
+
+def call_costs(model, sizes, position: int = 64, repeats: int = 9) -> dict:
+    """V(T): the time of a T-token call after `position` cached tokens over a one-token call,
+    each paired back to back with a one-token call: {T: ratio}, and {1: seconds} under key 0."""
+    cfg = cached_step(model)[0]
+    one = stepper(model, cfg, position)
+    costs = {0: median_time(one, repeats=repeats, min_seconds=0.01), 1: 1.0}
+    for T in sizes:
+        if T > 1:
+            costs[T] = paired(one, stepper(model, cfg, position, T), repeats=repeats)[2]
+    return costs
+
+
+def draft_cost(target, draft, position: int = 64, repeats: int = 9) -> float:
+    """c: a one-token draft call over a one-token target call, paired back to back."""
+    return paired(stepper(target, cached_step(target)[0], position),
+                  stepper(draft, cached_step(draft)[0], position), repeats=repeats)[2]
+
+
+def tokens_per_call_distribution(stats) -> np.ndarray:
+    """From the per-position acceptance counts of SpecStats (or their sums over runs): the share of
+    rounds that emitted 1, 2, ..., k+1 tokens (a round emits its accepted tokens plus one)."""
+    reached = np.append(stats["rounds"], stats["accepted_at"])  # rounds that accepted at least j, j = 0..k
+    exactly = reached - np.append(reached[1:], 0)  # (k + 1,)
+    return exactly / stats["rounds"]
+
+
+def truncated_geometric(alpha: float, k: int) -> np.ndarray:
+    """The formula's distribution of tokens per round (1..k+1) if each draft token is accepted
+    independently with probability alpha: alpha^j (1 - alpha) for j < k accepted, alpha^k for k."""
+    j = np.arange(k + 1)
+    return np.where(j < k, alpha ** j * (1 - alpha), alpha ** k)
+
+
+def merged(stats_list) -> dict:
+    """SpecStats of several runs summed (counts and per-position counts)."""
+    keys = ("rounds", "drafted", "judged", "accepted", "emitted", "target_calls", "draft_calls")
+    total = {key: sum(getattr(s, key) for s in stats_list) for key in keys}
+    for name in ("drafted_at", "accepted_at"):
+        total[name] = np.sum([getattr(s, name) for s in stats_list], axis=0)
+    return total
+
+
+def sweep(target, drafts: dict, prompts, n_new: int, ks, temperature: float, repeats: int = 1) -> dict:
+    """Speculative decoding with each draft in `drafts` ({name: model}) and each k, against
+    target-only decoding of the same prompts and seeds: {(name, k): {alpha, tpc (tokens per target
+    call), formula (eq. 1), speedup (measured, median over repeats), identical (temperature 0:
+    the target-only tokens), stats (merged SpecStats of the first repeat)}}."""
+    cfg = cached_step(target)[0]
+
+    def timed(fn):
+        start = time.perf_counter()
+        result = fn()
+        return result, time.perf_counter() - start
+
+    def baseline():
+        return [generate(None, cfg, p, n_new, temperature, seed=i, step=target).tokens for i, p in enumerate(prompts)]
+
+    def speculative(draft, k):
+        return [speculative_generate(target, draft, p, n_new, k=k, temperature=temperature, seed=i)
+                for i, p in enumerate(prompts)]
+
+    rows = {}
+    for repeat in range(repeats):
+        reference, before = timed(baseline)
+        for k in ks:
+            spec_times = {}
+            for name, draft in drafts.items():
+                runs, spec_times[name] = timed(lambda: speculative(draft, k))
+                if repeat == 0:
+                    stats = merged([s for _, s in runs])
+                    alpha = stats["accepted"] / stats["judged"]
+                    rows[name, k] = dict(
+                        alpha=alpha, tpc=stats["emitted"] / stats["target_calls"], stats=stats,
+                        formula=expected_tokens_per_call(alpha, k), ratios=[],
+                        identical=all((t == r).all() for (t, _), r in zip(runs, reference)) if temperature == 0 else None)
+            _, after = timed(baseline)
+            for name, spec in spec_times.items():
+                rows[name, k]["ratios"].append((before + after) / 2 / spec)
+            before = after
+    for row in rows.values():
+        row["speedup"] = float(np.median(row.pop("ratios")))
+    return rows
+
+
+def predictions(rows: dict, c, costs: dict) -> None:
+    """Add to each sweep row Theorem 3.8 (V = 1: a (k+1)-token call costs one token's) and the same
+    with the measured c and V(k+1) (`with_verify`), from the row's measured alpha. c: one value,
+    or {draft name: c}."""
+    for (name, k), row in rows.items():
+        c_draft = c[name] if isinstance(c, dict) else c
+        row["theorem"] = expected_speedup(row["alpha"], k, c_draft)
+        row["with_verify"] = expected_speedup(row["alpha"], k, c_draft, verify=costs[k + 1])

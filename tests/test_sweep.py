@@ -1,0 +1,42 @@
+"""The sweep's bookkeeping: distributions from SpecStats, the formula's, and the sweep's rows."""
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from lib.bench import held_out_prompts
+from lib.lean import LeanModel
+from lib.model import load
+from lib.speculative import speculative_generate
+from lib.sweep import call_costs, merged, predictions, sweep, tokens_per_call_distribution, truncated_geometric
+
+
+@settings(max_examples=50, deadline=None)
+@given(alpha=st.floats(0.0, 1.0), k=st.integers(1, 12))
+def test_truncated_geometric_is_a_distribution_with_the_formulas_mean(alpha, k):
+    p = truncated_geometric(alpha, k)
+    assert p.shape == (k + 1,) and (p >= 0).all() and abs(p.sum() - 1) < 1e-12
+    mean = (np.arange(1, k + 2) * p).sum()  # tokens emitted per round
+    expected = k + 1.0 if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    assert abs(mean - expected) < 1e-9
+
+
+def test_tokens_per_call_distribution_counts_every_round():
+    """From the per-position counts: its mean is emitted / target calls, exactly."""
+    target, draft = LeanModel(*load("target")), LeanModel(*load("draft"))
+    runs = [speculative_generate(target, draft, p, 41, k=4, temperature=0.7, seed=i)
+            for i, p in enumerate(held_out_prompts(3))]
+    stats = merged([s for _, s in runs])
+    share = tokens_per_call_distribution(stats)
+    assert share.shape == (5,) and abs(share.sum() - 1) < 1e-12 and (share >= 0).all()
+    assert abs((np.arange(1, 6) * share).sum() - stats["emitted"] / stats["target_calls"]) < 1e-12
+
+
+def test_sweep_rows_hold_the_measurements_and_predictions():
+    target, draft = LeanModel(*load("target")), LeanModel(*load("draft"))
+    rows = sweep(target, {"draft": draft}, held_out_prompts(2), 12, [1, 3], 0.0)
+    costs = call_costs(target, [2, 4], repeats=1)
+    predictions(rows, 0.25, costs)
+    assert set(rows) == {("draft", 1), ("draft", 3)}
+    for (_, k), r in rows.items():
+        assert r["identical"] is True and r["speedup"] > 0 and 0 <= r["alpha"] <= 1
+        assert 1 <= r["tpc"] <= k + 1 and r["theorem"] > 0 and r["with_verify"] > 0
+    assert costs[1] == 1.0 and costs[0] > 0
