@@ -42,7 +42,12 @@ OVERFLOW_JS = """
     const box = el.getBoundingClientRect();
     if (box.width === 0 || box.height === 0 || el.closest("mjx-assistive-mml")) continue;
     // a few pixels of overhang (italic math) are not hidden content
-    const past = box.right > column.right + 1, inside = el.scrollWidth > el.clientWidth + 8 && el.clientWidth > 0;
+    const style = getComputedStyle(el), clips = style.overflowX !== "visible";
+    const past = box.right > column.right + 1;
+    // MathJax's hidden copy for screen readers (mjx-assistive-mml) inflates scrollWidth: for math,
+    // the rendered mjx-math boxes are checked against the column instead
+    const inside = el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 8 && !el.querySelector("mjx-assistive-mml")
+                   && (clips || box.left + el.scrollWidth > column.right + 1);  // cut off, or spilling past the column
     if (past || inside) {
       const what = past ? `ends at ${Math.round(box.right)} px, column at ${Math.round(column.right)}`
                         : `content ${el.scrollWidth} px wide in a ${el.clientWidth} px box`;
