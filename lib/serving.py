@@ -113,6 +113,7 @@ class Report:
     steps: int
     preemptions: int
     recomputed: int  # tokens computed again after preemptions
+    prefilled: int  # prompt (and recomputed) tokens computed, after any shared prefix
     peak_blocks: int
     timeline: np.ndarray  # (steps, 3): time at the end of each step, sequences in it, blocks in use
 
@@ -167,7 +168,7 @@ def serve(model, trace, num_blocks: int, block_size: int = 16, policy: str = "co
     blocks = lambda n: -(-n // block_size)
     waiting, running = deque(), []
     now = arrivals[0].arrival if arrivals else 0.0
-    start, steps, preemptions, recomputed, peak, timeline = now, 0, 0, 0, 0, []
+    start, steps, preemptions, recomputed, prefilled, peak, timeline = now, 0, 0, 0, 0, 0, []
     reserved = 0  # static: blocks set aside for the running batch
     while arrivals or waiting or running:
         while arrivals and arrivals[0].arrival <= now:
@@ -225,6 +226,7 @@ def serve(model, trace, num_blocks: int, block_size: int = 16, policy: str = "co
             batch.append(live)
         logits = engine.feed([live.seq for live in batch], feeds)
         prefill = sum(len(f) for live, f in zip(batch, feeds) if live.feed)
+        prefilled += prefill
         steps += 1
         used = num_blocks - manager.num_free
         peak = max(peak, used)
@@ -249,7 +251,7 @@ def serve(model, trace, num_blocks: int, block_size: int = 16, policy: str = "co
         if policy == "static" and not running:
             reserved = 0
     return Report([outcomes[r.rid] for r in trace], pool, now - start, steps, preemptions, recomputed,
-                  peak, np.array(timeline).reshape(-1, 3))
+                  prefilled, peak, np.array(timeline).reshape(-1, 3))
 
 
 # ----------------------------------------------------------------------------- measurements

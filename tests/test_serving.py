@@ -81,6 +81,7 @@ def test_shared_system_prompt_is_computed_once_per_residency():
     shared = serve(LEAN, trace, num_blocks=64, block_size=16, prefix_caching=True, cost=COST)
     alone = serve(LEAN, trace, num_blocks=64, block_size=16, prefix_caching=False, cost=COST)
     assert shared.peak_blocks < alone.peak_blocks
+    assert alone.prefilled == sum(len(r.prompt) for r in trace) > shared.prefilled
     check_report(shared, trace)
     check_report(alone, trace)
 
