@@ -112,33 +112,42 @@ def masked_attention(q, k, v, pos, scale):
 def paged_attention(q, k_pool, v_pool, tables, seq, pos, scale, out):  # pragma: no cover - compiled
     """Attention of every new row straight from the block pool: row r, of sequence seq[r] at
     position pos[r], sees keys 0..pos[r] through the block table tables[seq[r]]; query head h
-    reads K/V head h // G.
+    reads K/V head h // G. Four keys at a time, so four dot products run side by side.
 
-    q, out: (R, H, D); k_pool, v_pool: (num_blocks, Hkv, bs, D); tables: (B, blocks); seq, pos: (R,)."""
+    q, out: (R, H, D); k_pool, v_pool: (blocks, Hkv, bs, D); tables: (B, width); seq, pos: (R,)"""
     R, H, D = q.shape
     Hkv, bs = k_pool.shape[1], k_pool.shape[2]
     scores = np.empty(tables.shape[1] * bs, np.float32)  # (S,) one row's scores, then weights
+    acc = np.empty(D, np.float32)
     for r in range(R):
         table, S = tables[seq[r]], pos[r] + 1
         for h in range(H):
-            g = h // (H // Hkv)
-            top = np.float32(-np.inf)
-            for s in range(S):
-                blk, j = table[s // bs], s % bs
-                acc = np.float32(0.0)
-                for d in range(D):
-                    acc += q[r, h, d] * k_pool[blk, g, j, d]
-                scores[s] = acc * scale
-                top = max(top, scores[s])
+            g, qh = h // (H // Hkv), q[r, h]  # its K/V head, its query (D,)
+            for start in range(0, S, bs):
+                keys, n, j = k_pool[table[start // bs], g], min(bs, S - start), 0  # (bs, D)
+                while j < n:
+                    a0 = a1 = a2 = a3 = np.float32(0.0)
+                    for d in range(D):
+                        a0 += qh[d] * keys[j, d]
+                        a1 += qh[d] * keys[min(j + 1, n - 1), d]
+                        a2 += qh[d] * keys[min(j + 2, n - 1), d]
+                        a3 += qh[d] * keys[min(j + 3, n - 1), d]
+                    for i, a in enumerate((a0, a1, a2, a3)):
+                        if j + i < n:
+                            scores[start + j + i] = a * scale
+                    j += 4
+            top = scores[:S].max()
             total = np.float32(0.0)
             for s in range(S):
                 scores[s] = np.exp(scores[s] - top)
                 total += scores[s]
-            out[r, h] = 0.0
-            for s in range(S):
-                blk, j, weight = table[s // bs], s % bs, scores[s] / total
-                for d in range(D):
-                    out[r, h, d] += weight * v_pool[blk, g, j, d]
+            acc[:] = 0.0
+            for start in range(0, S, bs):
+                values = v_pool[table[start // bs], g]  # (bs, D)
+                for j in range(min(bs, S - start)):
+                    for d in range(D):
+                        acc[d] += scores[start + j] * values[j, d]
+            out[r, h] = acc / total
 
 
 class _Rows:
