@@ -23,7 +23,7 @@ from numba import njit
 
 from .bench import median_time
 
-MAX_ROWS = 9  # the kernel is considered for 2..MAX_ROWS rows (k = 8 verifies 9); one row stays with gemv
+MAX_ROWS = 9  # the kernel is considered for 1..MAX_ROWS rows (k = 8 verifies 9)
 
 
 @njit(cache=True, fastmath=True, nogil=True, inline="always")
@@ -119,9 +119,15 @@ def rows_as_batch(a, w, out=None):
 CANDIDATES = {"numpy": np.matmul, "one-row batch": rows_as_batch, "kernel": rows_product}
 
 
-def fastest_products(matrices, rows=range(2, MAX_ROWS + 1), repeats: int = 3):
-    """For each T in rows, the fastest of CANDIDATES over a pass through `matrices` (each (K, N),
-    column-major), timed back to back: {T: name}, and the times {T: {name: seconds}}."""
+def candidates(T: int) -> dict:
+    """The products to try for T rows: for one row, numpy's (np.dot: BLAS's matrix-vector
+    product, the cheapest numpy call for it) against the kernel; for more, all of CANDIDATES."""
+    return {"numpy": np.dot, "kernel": rows_product} if T == 1 else CANDIDATES
+
+
+def fastest_products(matrices, rows=range(1, MAX_ROWS + 1), repeats: int = 3):
+    """For each T in rows, the fastest of `candidates(T)` over a pass through `matrices` (each
+    (K, N), column-major), timed back to back: {T: name}, and the times {T: {name: seconds}}."""
     rng = np.random.default_rng(0)
     choice, times = {}, {}
     for T in rows:
@@ -131,10 +137,10 @@ def fastest_products(matrices, rows=range(2, MAX_ROWS + 1), repeats: int = 3):
         def one_pass(product):
             for w, out in zip(matrices, outs):
                 product(inputs[w.shape[0]], w, out=out)
-        for product in CANDIDATES.values():
+        for product in candidates(T).values():
             one_pass(product)  # warm-up (and the kernel's compilation or cache load)
-        rounds = [{name: median_time(lambda: one_pass(p), repeats=1, warmup=0) for name, p in CANDIDATES.items()}
+        rounds = [{name: median_time(lambda: one_pass(p), repeats=1, warmup=0) for name, p in candidates(T).items()}
                   for _ in range(repeats)]
-        times[T] = {name: float(np.median([r[name] for r in rounds])) for name in CANDIDATES}
+        times[T] = {name: float(np.median([r[name] for r in rounds])) for name in candidates(T)}
         choice[T] = min(times[T], key=times[T].get)
     return choice, times

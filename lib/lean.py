@@ -22,11 +22,10 @@ softmax and GELU work in place with `out=` on preallocated buffers. The target's
 makes about 90 numpy calls against the plain path's 206. It is tested exact against the plain
 reference `model.forward`, for any shape (cost stand-ins of GPT-2-small size included).
 
-Weight products: one row goes through BLAS's matrix-vector product. For 2-9 rows (verifying
-draft tokens) a general product is slow (see `lib.kernels`), so when the model is built each
-candidate for 2..9 rows (numpy's product, a batch of one-row products, the small-rows kernel
-of `lib.kernels`) is timed on the model's own matrices and the fastest is used for that T
-(`products="auto"`). The choice is measured, not assumed, because it differs between a model
+Weight products: for 2-9 rows (verifying draft tokens) a general product is slow (see
+`lib.kernels`), so when the model is built each candidate for 1..9 rows (numpy's product, a
+batch of one-row products, the small-rows kernel of `lib.kernels`) is timed on the model's own
+matrices and the fastest is used for that T (`products="auto"`). The choice is measured, not assumed, because it differs between a model
 whose weights sit in cache and one that streams them from memory, and between machines.
 `products="numpy"` keeps numpy's products only (the weights in numpy's usual layout).
 """
@@ -37,7 +36,7 @@ import numpy as np
 
 from .bench import single_thread
 from .config import ModelConfig
-from .kernels import CANDIDATES, MAX_ROWS, fastest_products
+from .kernels import MAX_ROWS, candidates, fastest_products
 from .kv_cache import KVCache
 from .model import GELU_C, LN_EPS, check_cache, check_params, check_tokens, forward_cached
 
@@ -101,12 +100,13 @@ class LeanModel:
         self.buffers = {}  # T -> views of the first T rows of self.store
 
     def _choose_products(self, products):
-        """{T: name of the product used for T rows} for T = 2..MAX_ROWS, and the calibration's
-        times ({} unless measured). "numpy": numpy's layout and products, as before the kernel."""
+        """{T: name of the product used for T rows} for T = 1..MAX_ROWS, and the calibration's
+        times ({} unless measured). "numpy": numpy's layout and products, as before the kernel;
+        "kernel": the kernel for 2..MAX_ROWS rows, BLAS's gemv for one."""
         if products == "numpy":
-            return {T: "one-row batch" if T <= BATCHED_ROWS else "numpy" for T in range(2, MAX_ROWS + 1)}, {}
+            return {T: "numpy" if T == 1 or T > BATCHED_ROWS else "one-row batch" for T in range(1, MAX_ROWS + 1)}, {}
         if products == "kernel":
-            return {T: "kernel" for T in range(2, MAX_ROWS + 1)}, {}
+            return {T: "numpy" if T == 1 else "kernel" for T in range(1, MAX_ROWS + 1)}, {}
         matrices, size = [self.head.view(np.ndarray)], self.head.nbytes
         for layer in self.layers:  # the first layers, enough to stream from memory as a step does
             if size >= CALIBRATION_BYTES:
@@ -124,12 +124,9 @@ class LeanModel:
         return self.buffers[T]
 
     def _product(self, T):
-        """The a @ w used for T rows: BLAS's gemv for one, the chosen product for 2..MAX_ROWS,
-        numpy's general product beyond (np.dot's out= must be contiguous; the buffers' column
-        views are not)."""
-        if T == 1:
-            return np.dot
-        return CANDIDATES[self.products[T]] if T <= MAX_ROWS else np.matmul
+        """The a @ w used for T rows: the chosen product up to MAX_ROWS, numpy's general product
+        beyond (np.matmul: np.dot's out= must be contiguous, and the buffers' column views are not)."""
+        return candidates(T)[self.products[T]] if T <= MAX_ROWS else np.matmul
 
     def _normalize(self, x, b):
         """Write x / sqrt(mean(x^2) + eps) into b.xn, the first C columns of b.xa; return b.xa.

@@ -10,28 +10,39 @@ import time
 
 import numpy as np
 
-from .bench import median_time, paired, stepper
+from .bench import paired_times, stepper
 from .generate import generate
 from .lean import cached_step
 from .speculative import expected_speedup, expected_tokens_per_call, speculative_generate
 
 
+def _fastest_ratio(baseline, candidate, repeats):
+    """Fastest candidate time over fastest baseline time, from `repeats` back-to-back pairs: on a
+    busy machine the fastest run of each is the least disturbed (timeit's rule), so these ratios
+    stay ordered where medians of disturbed runs swap. Returns (baseline seconds, ratio)."""
+    times = paired_times(baseline, candidate, repeats, min_seconds=0.01)  # (repeats, 2)
+    fastest = times.min(axis=0)
+    return float(fastest[0]), float(fastest[1] / fastest[0])
+
+
 def call_costs(model, sizes, position: int = 64, repeats: int = 9) -> dict:
     """V(T): the time of a T-token call after `position` cached tokens over a one-token call,
-    each paired back to back with a one-token call: {T: ratio}, and {1: seconds} under key 0."""
+    each timed in back-to-back pairs with a one-token call: {T: ratio}, and under key 0 the
+    one-token call's seconds."""
     cfg = cached_step(model)[0]
     one = stepper(model, cfg, position)
-    costs = {0: median_time(one, repeats=repeats, min_seconds=0.01), 1: 1.0}
+    costs = {0: float("inf"), 1: 1.0}
     for T in sizes:
         if T > 1:
-            costs[T] = paired(one, stepper(model, cfg, position, T), repeats=repeats)[2]
+            seconds, costs[T] = _fastest_ratio(one, stepper(model, cfg, position, T), repeats)
+            costs[0] = min(costs[0], seconds)
     return costs
 
 
 def draft_cost(target, draft, position: int = 64, repeats: int = 9) -> float:
-    """c: a one-token draft call over a one-token target call, paired back to back."""
-    return paired(stepper(target, cached_step(target)[0], position),
-                  stepper(draft, cached_step(draft)[0], position), repeats=repeats)[2]
+    """c: a one-token draft call over a one-token target call, timed in back-to-back pairs."""
+    return _fastest_ratio(stepper(target, cached_step(target)[0], position),
+                          stepper(draft, cached_step(draft)[0], position), repeats)[1]
 
 
 def tokens_per_call_distribution(stats) -> np.ndarray:
