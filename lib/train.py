@@ -226,7 +226,7 @@ def train(cfg: ModelConfig, steps: int, batch: int = 8, seq_len: int = 512, lr: 
     rng = np.random.default_rng(seed)
     curve = {"step": [], "train_loss": [], "eval_step": [], "held_out_loss": []}
     start = time.perf_counter()
-    bar = tqdm(range(steps), disable=not progress, desc=f"training {cfg.n_layer}-layer model")
+    bar = tqdm(range(steps), disable=not progress, desc=f"{cfg.n_layer}-layer")
     for step in bar:
         x, y = windows(corpus.train, batch, seq_len, rng)
         loss, grads = loss_and_grads(params, cfg, x, y)
