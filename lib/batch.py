@@ -18,6 +18,7 @@ import math
 import numpy as np
 from numba import njit
 
+from .kernels import MAX_ROWS, candidates
 from .lean import GELU_S, LeanModel
 from .model import GELU_C, LN_EPS, check_tokens, gelu, layer_norm
 from .paged import PagedKVCache, PagedSequence
@@ -50,13 +51,23 @@ class _Plain:
 
 
 class _Lean:
-    """A LeanModel's folded weights: inputs are normalized rows beside a 1 column (see lib.lean)."""
+    """A LeanModel's folded weights: inputs are normalized rows beside a 1 column (see lib.lean).
+    Up to MAX_ROWS rows use the product the LeanModel measured fastest on its own weights (BLAS's
+    general product packs the weights, costly for a few rows); more rows use numpy's product on
+    C-ordered copies, the layout it runs fastest."""
 
     def __init__(self, model: LeanModel):
         self.cfg, self.q_scale = model.cfg, 1.0  # 1/sqrt(D) is folded into the queries
-        c_order = lambda w: np.ascontiguousarray(w.view(np.ndarray))  # numpy's products for many rows want C order
-        self.wte, self.wpe, self.head_w = c_order(model.wte), c_order(model.wpe), c_order(model.head)
-        self.layers = [tuple(c_order(w) for w in layer) for layer in model.layers]
+        self.few = {T: candidates(T)[name] for T, name in model.products.items() if T <= MAX_ROWS}
+        c_order = lambda w: np.ascontiguousarray(w.view(np.ndarray))
+        self.wte, self.wpe = c_order(model.wte), c_order(model.wpe)
+        self.stored = [*model.layers, (model.head,)]  # as the LeanModel keeps them
+        self.c_ordered = [tuple(c_order(w) for w in ws) for ws in self.stored]
+
+    def _product(self, x, i, j):
+        """x (R, K) @ matrix j of layer i (i = n_layer: the output head)."""
+        few = self.few.get(len(x))
+        return few(x, self.stored[i][j]) if few else x @ self.c_ordered[i][j]
 
     def _normalized(self, x):
         xa = np.ones((len(x), x.shape[1] + 1), np.float32)  # (R, C + 1)
@@ -68,25 +79,24 @@ class _Lean:
         return self.wte[tokens] + self.wpe[positions]  # (R, C), zero mean per row
 
     def qkv(self, x, i):
-        return self._normalized(x) @ self.layers[i][0]  # (R, C + 2*KV)
+        return self._product(self._normalized(x), i, 0)  # (R, C + 2*KV)
 
     def proj(self, y, i):
-        return y @ self.layers[i][1]  # (R, C)
+        return self._product(np.ascontiguousarray(y), i, 1)  # (R, C)
 
     def mlp(self, x, i):
-        _, _, fc_w, mproj_w = self.layers[i]
-        ha = np.ones((len(x), fc_w.shape[1] + 1), np.float32)  # (R, 4C + 1)
-        h = np.matmul(self._normalized(x), fc_w, out=ha[:, :-1])  # (R, 4C): h' = s * h
+        h = self._product(self._normalized(x), i, 2)  # (R, 4C): h' = s * h
         u = h * h  # 2s * GELU(h) = h' (1 + tanh(h' (h'^2 + c/s)))
         u += GELU_C / GELU_S
         u *= h
         np.tanh(u, out=u)
         u += 1.0
-        h *= u
-        return ha @ mproj_w  # (R, C), bias folded in
+        ha = np.ones((len(x), h.shape[1] + 1), np.float32)  # (R, 4C + 1): beside a 1 column
+        np.multiply(h, u, out=ha[:, :-1])
+        return self._product(ha, i, 3)  # (R, C), bias folded in
 
     def head(self, x):
-        return self._normalized(x) @ self.head_w  # (R, V)
+        return self._product(self._normalized(x), self.cfg.n_layer, 0)  # (R, V)
 
 
 def masked_attention(q, k, v, pos, scale):
