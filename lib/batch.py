@@ -20,12 +20,12 @@ from numba import njit
 
 from .kernels import MAX_ROWS, candidates
 from .lean import GELU_S, LeanModel
-from .model import GELU_C, LN_EPS, check_tokens, gelu, layer_norm
+from .model import GELU_C, LN_EPS, check_cache, check_tokens, head, layer_norm, mlp
 from .paged import PagedKVCache, PagedSequence
 
 
 class _Plain:
-    """The GPT-2 parameters as they are: LayerNorm, then the product."""
+    """The GPT-2 parameters as they are, through lib.model's own blocks."""
 
     def __init__(self, params, cfg):
         self.p, self.cfg, self.q_scale = params, cfg, 1.0 / math.sqrt(cfg.head_dim)
@@ -34,20 +34,17 @@ class _Plain:
         return self.p["wte.weight"][tokens] + self.p["wpe.weight"][positions]  # (R, C)
 
     def qkv(self, x, i):
-        p = f"h.{i}."
-        return layer_norm(x, self.p[p + "ln_1.weight"], self.p[p + "ln_1.bias"]) @ self.p[p + "attn.c_attn.weight"]
+        h = layer_norm(x, self.p[f"h.{i}.ln_1.weight"], self.p[f"h.{i}.ln_1.bias"])  # (R, C)
+        return h @ self.p[f"h.{i}.attn.c_attn.weight"]  # (R, C + 2*KV)
 
     def proj(self, y, i):
         return y @ self.p[f"h.{i}.attn.c_proj.weight"]  # (R, C)
 
     def mlp(self, x, i):
-        p = f"h.{i}."
-        h = layer_norm(x, self.p[p + "ln_2.weight"], self.p[p + "ln_2.bias"])  # (R, C)
-        h = gelu(h @ self.p[p + "mlp.c_fc.weight"] + self.p[p + "mlp.c_fc.bias"])  # (R, 4C)
-        return h @ self.p[p + "mlp.c_proj.weight"] + self.p[p + "mlp.c_proj.bias"]  # (R, C)
+        return mlp(x, self.p, i)  # (R, C)
 
     def head(self, x):
-        return layer_norm(x, self.p["ln_f.weight"], self.p["ln_f.bias"]) @ self.p["lm_head.weight"].T  # (R, V)
+        return head(self.p, x)  # (R, V)
 
 
 class _Lean:
@@ -248,8 +245,7 @@ def check_batch(cfg, new_tokens, caches):
     if len({id(c) for c in caches}) != len(caches):
         raise ValueError("the same cache appears twice in one batch")
     for c in caches:
-        if c.cfg.n_layer != cfg.n_layer or c.cfg.n_kv_head != cfg.n_kv_head or c.cfg.head_dim != cfg.head_dim:
-            raise ValueError(f"a KV cache in the batch was made for {c.cfg}, not for {cfg}")
+        check_cache(c, cfg)
 
 
 class BatchedModel:

@@ -119,3 +119,5 @@ def test_cache_of_another_model_is_refused():
     model, _, _ = _engine("gqa", "plain")
     with pytest.raises(ValueError, match="made for"):
         model.step([[1]], [KVCache(MQA)])
+    with pytest.raises(TypeError, match="expected a KV cache"):
+        model.step([[1]], [np.zeros(3)])
