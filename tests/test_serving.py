@@ -118,3 +118,5 @@ def test_bad_requests_are_refused():
         serve(LEAN, [Request(0, 0.0, np.array([1, 999]), 2)], 8)
     with pytest.raises(ValueError, match="rate > 0"):
         make_trace(3, rate=0.0)
+    with pytest.raises(ValueError, match="ranges of positive lengths"):
+        make_trace(3, rate=1.0, n_new=(5, 2))
