@@ -38,9 +38,10 @@ def test_batch_equals_each_sequence_alone(name, path, kind, data):
         pool = PagedKVCache(cfg, num_blocks=B * (-(-42 // block_size)), block_size=block_size)
         caches = [pool.add(b, p) for b, p in enumerate(prompts)]
         run = lambda tokens: model.feed(caches, tokens)
-    else:
+    else:  # contiguous caches: one batched step directly, or through each cache's own feed
         caches = [KVCache(cfg, 42) for _ in range(B)]
-        run = lambda tokens: model.step(tokens, caches)
+        through_feed = data.draw(st.booleans(), label="through feed")
+        run = lambda tokens: model.feed(caches, tokens) if through_feed else model.step(tokens, caches)
     outs = [run(prompts)] + [run(c) for c in chunks]
     for b in range(B):
         tokens = prompts[b] + [t for c in chunks for t in c[b]]
