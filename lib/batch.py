@@ -116,22 +116,25 @@ def masked_attention(q, k, v, pos, scale):
 
 
 @njit(cache=True, fastmath=True, nogil=True)
-def paged_attention(q, k_pool, v_pool, tables, seq, pos, scale, out):  # pragma: no cover - compiled
-    """Attention of every new row straight from the block pool: row r, of sequence seq[r] at
-    position pos[r], sees keys 0..pos[r] through the block table tables[seq[r]]; query head h
-    reads K/V head h // G. Four keys at a time, so four dot products run side by side.
+def paged_attention(q, k_pool, v_pool, tables, seq, pos, scale, out):
+    """Attention of every new row straight from the block pool. Row r, of sequence
+    seq[r] at position pos[r], sees keys 0..pos[r] through the block table
+    tables[seq[r]]; query head h reads K/V head h // G. Four keys per pass, so four
+    dot products run side by side. (Compiled by numba.)
 
-    q, out: (R, H, D); k_pool, v_pool: (blocks, Hkv, bs, D); tables: (B, width); seq, pos: (R,)"""
+    q, out: (R, H, D); k_pool, v_pool: (blocks, Hkv, bs, D); tables: (B, width);
+    seq, pos: (R,)"""
     R, H, D = q.shape
     Hkv, bs = k_pool.shape[1], k_pool.shape[2]
-    scores = np.empty(tables.shape[1] * bs, np.float32)  # (S,) one row's scores, then weights
+    scores = np.empty(tables.shape[1] * bs, np.float32)  # (S,) scores, then weights
     acc = np.empty(D, np.float32)
     for r in range(R):
         table, S = tables[seq[r]], pos[r] + 1
         for h in range(H):
             g, qh = h // (H // Hkv), q[r, h]  # its K/V head, its query (D,)
             for start in range(0, S, bs):
-                keys, n, j = k_pool[table[start // bs], g], min(bs, S - start), 0  # (bs, D)
+                keys = k_pool[table[start // bs], g]  # (bs, D)
+                n, j = min(bs, S - start), 0
                 while j < n:
                     a0 = a1 = a2 = a3 = np.float32(0.0)
                     for d in range(D):
