@@ -27,7 +27,7 @@ MAX_ROWS = 9  # the kernel is considered for 1..MAX_ROWS rows (k = 8 verifies 9)
 
 
 @njit(cache=True, fastmath=True, nogil=True, inline="always")
-def _four_rows(a, wt, out, t, j0, j1, j2):  # pragma: no cover - compiled
+def _four_rows(a, wt, out, t, j0, j1, j2):
     """out[t:t+4, (j0, j1, j2)] from 12 accumulators: each weight loaded serves 4 rows."""
     s00 = s01 = s02 = s10 = s11 = s12 = np.float32(0.0)
     s20 = s21 = s22 = s30 = s31 = s32 = np.float32(0.0)
@@ -53,7 +53,7 @@ def _four_rows(a, wt, out, t, j0, j1, j2):  # pragma: no cover - compiled
 
 
 @njit(cache=True, fastmath=True, nogil=True, inline="always")
-def _two_rows(a, wt, out, t, j0, j1, j2):  # pragma: no cover - compiled
+def _two_rows(a, wt, out, t, j0, j1, j2):
     s00 = s01 = s02 = s10 = s11 = s12 = np.float32(0.0)
     for k in range(a.shape[1]):
         w0, w1, w2 = wt[j0, k], wt[j1, k], wt[j2, k]
@@ -69,7 +69,7 @@ def _two_rows(a, wt, out, t, j0, j1, j2):  # pragma: no cover - compiled
 
 
 @njit(cache=True, fastmath=True, nogil=True, inline="always")
-def _one_row(a, wt, out, t, j0, j1, j2):  # pragma: no cover - compiled
+def _one_row(a, wt, out, t, j0, j1, j2):
     s0 = s1 = s2 = np.float32(0.0)
     for k in range(a.shape[1]):
         x = a[t, k]
@@ -80,7 +80,7 @@ def _one_row(a, wt, out, t, j0, j1, j2):  # pragma: no cover - compiled
 
 
 @njit(cache=True, fastmath=True, nogil=True)
-def _rows_times_transposed(a, wt, out):  # pragma: no cover - compiled
+def _rows_times_transposed(a, wt, out):
     """out[t, n] = sum_k a[t, k] * wt[n, k]: a (T, K), wt (N, K), out (T, N), float32. Three
     output columns at a time (their 3K weights stay in L1 while every row passes over them)."""
     T, N = a.shape[0], wt.shape[0]
