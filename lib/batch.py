@@ -117,16 +117,16 @@ def masked_attention(q, k, v, pos, scale):
 
 @njit(cache=True, fastmath=True, nogil=True)
 def paged_attention(q, k_pool, v_pool, tables, seq, pos, scale, out):
-    """Attention of every new row straight from the block pool. Row r, of sequence
-    seq[r] at position pos[r], sees keys 0..pos[r] through the block table
-    tables[seq[r]]; query head h reads K/V head h // G. Four keys per pass, so four
-    dot products run side by side. (Compiled by numba.)
+    """Attention of every new row straight from the block pool. Row r, of
+    sequence seq[r] at position pos[r], sees keys 0..pos[r] through the block
+    table tables[seq[r]]; query head h reads K/V head h // G. Four keys per
+    pass, so four dot products run side by side. (Compiled by numba.)
 
     q, out: (R, H, D); k_pool, v_pool: (blocks, Hkv, bs, D); tables: (B, width);
     seq, pos: (R,)"""
     R, H, D = q.shape
     Hkv, bs = k_pool.shape[1], k_pool.shape[2]
-    scores = np.empty(tables.shape[1] * bs, np.float32)  # (S,) scores, then weights
+    scores = np.empty(tables.shape[1] * bs, np.float32)  # (S,) then weights
     acc = np.empty(D, np.float32)
     for r in range(R):
         table, S = tables[seq[r]], pos[r] + 1
