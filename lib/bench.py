@@ -271,7 +271,7 @@ def run(out=print):
         prompts, shadow = held_out_prompts(4), CostShadow(lean_t, large)
         regimes = {"": (lean_t, draft_cost(lean_t, lean_d), costs["tiny, measured choice"], prompts, 96, (1, 2, 3, 4, 6, 8), 2),
                    "large_": (shadow, draft_cost(shadow, lean_d, repeats=5), call_costs(shadow, sizes, repeats=5),
-                              prompts[:2], 24, (2, 3, 4, 6), 1)}
+                              prompts[:2], 48, (2, 3, 4, 6), 1)}
         out(f"\nc (draft step / target step): {regimes[''][1]:.2f} at the trained target's cost, "
             f"{regimes['large_'][1]:.4f} at the stand-in's")
         out("speculative decoding vs target-only decoding, lean draft (Theorem 3.8 from the measured alpha and c; "
