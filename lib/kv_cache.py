@@ -3,7 +3,7 @@
 Under the causal mask a token's keys and values never change once computed, so they can be
 stored and reused (Pope et al. 2022, "Efficiently Scaling Transformer Inference"). Storage is
 preallocated per layer as (n_kv_head, max_len, head_dim), like llama2.c's key_cache; the
-first `n` positions are valid. float16 halves the bytes; int8 and int4 store integer codes with
+first `n` positions are valid. float16 halves the bytes; fp8 (e4m3), int8 and int4 store codes with
 scales (`lib.quant`): per position (float16, computed on write) or fixed per head or per
 tensor (from `quant.calibrate`). Reads always return float32.
 """
@@ -12,7 +12,7 @@ import numpy as np
 from . import quant
 from .config import ModelConfig
 
-DTYPES = ("float32", "float16", "int8", "int4")
+DTYPES = ("float32", "float16", "fp8", "int8", "int4")
 
 
 class KVCache:
@@ -29,7 +29,8 @@ class KVCache:
         D = cfg.head_dim
         if kind == "int4" and D % 2:
             raise ValueError(f"int4 packs two codes per byte: head_dim {D} must be even")
-        store = {"float32": (np.float32, D), "float16": (np.float16, D), "int8": (np.int8, D), "int4": (np.uint8, D // 2)}
+        store = {"float32": (np.float32, D), "float16": (np.float16, D), "fp8": (np.uint8, D),  # e4m3 bit patterns
+                 "int8": (np.int8, D), "int4": (np.uint8, D // 2)}
         self.dtype = np.dtype(store[kind][0])
         shape = (cfg.n_kv_head, self.max_len, store[kind][1])
         self.k = [np.zeros(shape, self.dtype) for _ in range(cfg.n_layer)]  # per layer (Hkv, max_len, D or D/2)

@@ -7,7 +7,7 @@ from hypothesis.extra.numpy import arrays
 from lib.config import TARGET
 from lib.kv_cache import KVCache
 from lib.model import forward, forward_cached
-from lib.quant import QMAX, calibrate, dequantize, position_scales, quantize
+from lib.quant import QMAX, calibrate, dequantize, position_scales, quantize, fp8_decode, fp8_encode
 
 from conftest import perturbed_params
 
@@ -64,3 +64,19 @@ def test_copy_of_a_quantized_cache_is_independent():
     forward_cached(params, TARGET, np.arange(30), fresh)
     np.testing.assert_array_equal(forward_cached(params, TARGET, np.arange(30, 40), twin),
                                   forward_cached(params, TARGET, np.arange(30, 40), fresh))
+
+
+@pytest.mark.parametrize("granularity", ["position", "head", "tensor"])
+def test_fp8_cache_stores_exactly_the_e4m3_rounding_of_k_and_v(granularity):
+    """What an fp8 cache returns is the float32 K/V rounded to e4m3 at its scale, nothing else
+    (layer 0, whose K/V do not depend on what earlier layers read from the cache)."""
+    params = perturbed_params(TARGET, seed=13)
+    tokens = np.arange(40) * 7 % 96
+    cal = calibrate(params, TARGET, tokens)
+    cache, ref = KVCache(TARGET, 40, "fp8", granularity, cal), KVCache(TARGET, 40)
+    forward_cached(params, TARGET, tokens, cache)
+    forward_cached(params, TARGET, tokens, ref)
+    assert cache.k[0].dtype == np.uint8 and cache.nbytes < ref.nbytes / 3
+    for mine, theirs, scales in zip(cache.read(0, 40), ref.read(0, 40), (cache.k_scale[0], cache.v_scale[0])):
+        scale = scales[:, :40].astype(np.float32) if granularity == "position" else scales
+        np.testing.assert_array_equal(mine, fp8_decode(fp8_encode(theirs / scale)) * scale)
