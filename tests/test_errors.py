@@ -62,7 +62,7 @@ def test_truncate_past_n():
 def test_bad_cache_arguments():
     with pytest.raises(ValueError, match="max_len must be an integer in 1..512"):
         KVCache(DRAFT, 513)
-    with pytest.raises(ValueError, match="dtype must be one of float32, float16, int8, int4, got 'int32'"):
+    with pytest.raises(ValueError, match="dtype must be one of float32, float16, fp8, int8, int4, got 'int32'"):
         KVCache(DRAFT, 8, dtype="int32")
     with pytest.raises(ValueError, match="granularity must be one of position, head, tensor"):
         KVCache(DRAFT, 8, dtype="int8", granularity="block")
