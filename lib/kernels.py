@@ -28,7 +28,7 @@ MAX_ROWS = 9  # the kernel is considered for 1..MAX_ROWS rows (k = 8 verifies 9)
 
 @njit(cache=True, fastmath=True, nogil=True, inline="always")
 def _four_rows(a, wt, out, t, j0, j1, j2):
-    """out[t:t+4, (j0, j1, j2)] from 12 accumulators: each weight loaded serves 4 rows."""
+    """out[t:t+4, (j0, j1, j2)] in 12 accumulators: a weight loaded serves 4 rows."""
     s00 = s01 = s02 = s10 = s11 = s12 = np.float32(0.0)
     s20 = s21 = s22 = s30 = s31 = s32 = np.float32(0.0)
     for k in range(a.shape[1]):  # 7 loads, 12 multiply-adds

@@ -129,10 +129,12 @@ class LeanModel:
         return candidates(T)[self.products[T]] if T <= MAX_ROWS else np.matmul
 
     def _normalize(self, x, b):
-        """Write x / sqrt(mean(x^2) + eps) into b.xn, the first C columns of b.xa; return b.xa.
-        x has zero mean (see the module docstring), so this is LayerNorm without gain and bias."""
-        if len(x) == 1:  # one token: the scalar arithmetic is cheaper in Python than in numpy
-            np.multiply(x, 1.0 / math.sqrt(float(np.vdot(x, x)) / x.shape[1] + LN_EPS), out=b.xn)
+        """Write x / sqrt(mean(x^2) + eps) into b.xn, the first C columns of
+        b.xa; return b.xa. x has zero mean (see the module docstring), so this
+        is LayerNorm without gain and bias."""
+        if len(x) == 1:  # one token: scalar arithmetic is cheaper in Python
+            rms = math.sqrt(float(np.vdot(x, x)) / x.shape[1] + LN_EPS)
+            np.multiply(x, 1.0 / rms, out=b.xn)
             return b.xa
         np.multiply(x, x, out=b.sqn)  # (T, C) beside a 1 column
         np.dot(b.sq, self.mean_eps, out=b.var)  # (T, 1) mean of squares + eps
