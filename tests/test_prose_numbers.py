@@ -80,7 +80,7 @@ QUOTED = {
         "5": "Ainslie",  # their uptraining share, 5% of the pre-training steps
         # settings named in the glued key the number stands beside (chapters 2 and 9 glue
         # them under these names; the lead adds those chapters to this test)
-        "256": "one_call_256", "0.7": "_07_",  # e.g. best_speedup_07, big_07_speedup
+        "256": "one_call_256", "0.7": "_07",  # e.g. best_speedup_07, big_07_speedup
     },
     "summary.md": {
         "256": "one_call_256", "0.7": "_07",  # as in chapter 11
