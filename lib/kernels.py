@@ -9,8 +9,8 @@ memory, where the extra rows should be nearly free.
 
 The kernel below keeps the weights transposed, as CPU engines such as llama.cpp store them
 (each output column's K weights contiguous, a row `wt[n]`), and accumulates a block of 3 output
-columns x 4 input rows is accumulated in 12 registers over K: every weight
-loaded is used by 4 rows, every input value by 3 columns (2 or 1 rows for what is left of T).
+columns x 4 input rows in 12 registers over K: every weight loaded is used by 4 rows, every
+input value by 3 columns (2 or 1 rows for what is left of T).
 numba compiles it with `fastmath` (which lets LLVM reorder the sums into SIMD lanes) and caches
 the machine code in `__pycache__` beside this file (`cache=True`), so each process after the
 first loads it instead of compiling it again.
