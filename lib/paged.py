@@ -173,11 +173,16 @@ class BlockManager:
             return src
         return None
 
-    def can_append(self, seq_id, n: int = 1) -> bool:
+    def append_need(self, seq_id, n: int = 1) -> int:
+        """Free blocks that n more tokens after the written ones take: new blocks past the table's
+        end, and a private copy of a shared block they would write into."""
         self._check_seq(seq_id)
-        start = self.computed[seq_id]
-        shared = start % self.block_size and self.ref[self.tables[seq_id][start // self.block_size]] > 1
-        return self._blocks_for(start + n) - len(self.tables[seq_id]) + bool(shared) <= self.num_free
+        start, table = self.computed[seq_id], self.tables[seq_id]
+        shared = start % self.block_size and self.ref[table[start // self.block_size]] > 1
+        return max(0, self._blocks_for(start + n) - len(table)) + bool(shared)
+
+    def can_append(self, seq_id, n: int = 1) -> bool:
+        return self.append_need(seq_id, n) <= self.num_free
 
     def reserve(self, seq_id, new_tokens) -> Reservation:
         """Slots for new tokens at positions computed..: where they differ from the planned tokens,

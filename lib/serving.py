@@ -100,14 +100,6 @@ class _Live:
         self.feed = list(seq.tokens[seq.n:])  # prompt (and, after a preemption, output) to compute
 
 
-def _append_need(manager, seq) -> int:
-    """Blocks that feeding one more token to a decoding sequence takes from the free list
-    (a new block at a block boundary, a private copy of a shared last block)."""
-    n, table, bs = seq.n, seq.block_table, manager.block_size
-    shared = n % bs and manager.ref[table[n // bs]] > 1
-    return max(0, -(-(n + 1) // bs) - len(table)) + bool(shared)
-
-
 @dataclass
 class Report:
     outcomes: list
@@ -186,7 +178,7 @@ def serve(model, trace, num_blocks: int, block_size: int = 16, policy: str = "co
         for live in list(running) if policy == "continuous" else []:
             if live not in running:
                 break  # it was preempted itself, and every newer one before it
-            need[live] = 0 if live.feed else _append_need(manager, live.seq)  # prompts have their blocks
+            need[live] = 0 if live.feed else manager.append_need(live.seq.seq_id)  # prompts have their blocks
             while sum(need.values()) > manager.num_free:
                 victim = running.pop()
                 need.pop(victim, None)
