@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from lib.kernels import CANDIDATES, MAX_ROWS, candidates, fastest_products, rows_as_batch, rows_product
+from lib.kernels import CANDIDATES, CLEAR_WIN, MAX_ROWS, candidates, fastest_products, rows_as_batch, rows_product
 
 
 @settings(max_examples=150, deadline=None)
@@ -44,5 +44,8 @@ def test_fastest_products_times_every_candidate_for_every_row_count():
     w = [np.asfortranarray(np.ones((16, 8), np.float32))]
     choice, times = fastest_products(w, rows=(1, 2, 5), repeats=1)
     assert set(choice) == {1, 2, 5} and all(choice[T] in candidates(T) for T in choice)
-    assert all(set(times[T]) == set(candidates(T)) and min(times[T].values()) == times[T][choice[T]] for T in times)
+    for T in times:  # numpy's unless another takes at most CLEAR_WIN of its time, then the fastest
+        fastest = min(times[T], key=times[T].get)
+        clear = times[T][fastest] < CLEAR_WIN * times[T]["numpy"]
+        assert set(times[T]) == set(candidates(T)) and choice[T] == (fastest if clear else "numpy")
     assert set(candidates(1)) == {"numpy", "kernel"} and candidates(5) == CANDIDATES
