@@ -18,7 +18,6 @@ import math
 import numpy as np
 from numba import njit
 
-from .kernels import MAX_ROWS, candidates
 from .lean import GELU_S, LeanModel
 from .model import GELU_C, LN_EPS, check_cache, check_tokens, head, layer_norm, mlp
 from .paged import PagedKVCache, PagedSequence
@@ -49,13 +48,13 @@ class _Plain:
 
 class _Lean:
     """A LeanModel's folded weights: inputs are normalized rows beside a 1 column (see lib.lean).
-    Up to MAX_ROWS rows use the product the LeanModel measured fastest on its own weights (BLAS's
+    Up to lib.kernels.MAX_ROWS rows use the product the LeanModel chose by timing its own weights (BLAS's
     general product packs the weights, costly for a few rows); more rows use numpy's product on
     C-ordered copies, the layout it runs fastest."""
 
     def __init__(self, model: LeanModel):
         self.cfg, self.q_scale = model.cfg, 1.0  # 1/sqrt(D) is folded into the queries
-        self.few = {T: candidates(T)[name] for T, name in model.products.items() if T <= MAX_ROWS}
+        self.few = model.product_fns  # T -> the product the LeanModel chose, up to MAX_ROWS rows
         c_order = lambda w: np.ascontiguousarray(w.view(np.ndarray))
         self.wte, self.wpe = c_order(model.wte), c_order(model.wpe)
         self.stored = [*model.layers, (model.head,)]  # as the LeanModel keeps them

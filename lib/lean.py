@@ -25,8 +25,10 @@ reference `model.forward`, for any shape (cost stand-ins of GPT-2-small size inc
 Weight products: for 2-9 rows (verifying draft tokens) a general product is slow (see
 `lib.kernels`), so when the model is built each candidate for 1..9 rows (numpy's product, a
 batch of one-row products, the small-rows kernel of `lib.kernels`) is timed on the model's own
-matrices and the fastest is used for that T (`products="auto"`). The choice is measured, not assumed, because it differs between a model
-whose weights sit in cache and one that streams them from memory, and between machines.
+matrices, and numpy's product is used for that T unless another is clearly faster
+(`products="auto"`, `lib.kernels.fastest_products`). The choice is measured, not assumed,
+because it differs between a model whose weights sit in cache and one that streams them from
+memory, and between machines.
 `products="numpy"` keeps numpy's products only (the weights in numpy's usual layout).
 """
 import math
@@ -93,6 +95,7 @@ class LeanModel:
             ))
         self.head = _folded(params["ln_f.weight"], params["ln_f.bias"], params["lm_head.weight"].T, order=order)
         self.products, self.product_times = self._choose_products(products)
+        self.product_fns = {T: candidates(T)[name] for T, name in self.products.items()}  # T -> a @ w
         self.mean_eps = np.append(np.full(C, 1.0 / C), LN_EPS).astype(np.float32)[:, None]  # (C + 1, 1)
         self.causal = np.triu(np.full((cfg.block_size, cfg.block_size), -np.inf, np.float32), 1)  # row i sees 0..i
         self.hidden = self.layers[0][2].shape[1]  # the MLP's width (4C in GPT-2)
@@ -126,7 +129,7 @@ class LeanModel:
     def _product(self, T):
         """The a @ w used for T rows: the chosen product up to MAX_ROWS, numpy's general product
         beyond (np.matmul: np.dot's out= must be contiguous, and the buffers' column views are not)."""
-        return candidates(T)[self.products[T]] if T <= MAX_ROWS else np.matmul
+        return self.product_fns.get(T, np.matmul)
 
     def _normalize(self, x, b):
         """Write x / sqrt(mean(x^2) + eps) into b.xn, the first C columns of
