@@ -9,6 +9,11 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def is_int(value) -> bool:
+    """An integer count: a Python or numpy integer, not a bool (which Python counts as an int)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     n_layer: int
@@ -21,7 +26,7 @@ class ModelConfig:
     def __post_init__(self):
         for name in ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
             object.__setattr__(self, name, int(value))  # np.int64 -> int, so configs compare and serialize alike
         if self.n_embd % self.n_head:

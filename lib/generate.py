@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .config import ModelConfig
+from .config import ModelConfig, is_int
 from .kv_cache import KVCache
 from .lean import cached_step
 from .model import check_tokens, forward
@@ -18,7 +18,7 @@ from .tokenizer import VOCAB_SIZE, decode, encode
 
 def check_request(prompt_len: int, n_new, context: int, temperature: float) -> None:
     """Reject a generation request before any work: n_new >= 1, it fits the context, temperature >= 0."""
-    if not isinstance(n_new, (int, np.integer)) or n_new < 1:
+    if not is_int(n_new) or n_new < 1:
         raise ValueError(f"n_new must be a positive integer, got {n_new!r}")
     if prompt_len + n_new > context:
         raise ValueError(f"prompt ({prompt_len} tokens) plus generation ({n_new}) is longer than "

@@ -10,7 +10,7 @@ tensor (from `quant.calibrate`). Reads always return float32.
 import numpy as np
 
 from . import quant
-from .config import ModelConfig
+from .config import ModelConfig, is_int
 
 DTYPES = ("float32", "float16", "fp8", "int8", "int4")
 
@@ -19,7 +19,7 @@ class KVCache:
     def __init__(self, cfg: ModelConfig, max_len: int | None = None, dtype="float32",
                  granularity: str = "position", calibration=None):
         max_len = cfg.block_size if max_len is None else max_len
-        if not isinstance(max_len, (int, np.integer)) or not 1 <= max_len <= cfg.block_size:
+        if not is_int(max_len) or not 1 <= max_len <= cfg.block_size:
             raise ValueError(f"max_len must be an integer in 1..{cfg.block_size} (block_size), got {max_len!r}")
         kind = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
         if kind not in DTYPES:
@@ -100,7 +100,7 @@ class KVCache:
 
     def truncate(self, n: int) -> None:
         """Keep the first n positions (drop rejected draft tokens); stale entries are overwritten later."""
-        if not isinstance(n, (int, np.integer)) or not 0 <= n <= self.n:
+        if not is_int(n) or not 0 <= n <= self.n:
             raise ValueError(f"cannot truncate the KV cache to {n!r}: it holds {self.n} positions")
         self.n = int(n)
 

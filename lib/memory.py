@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ModelConfig
+from .config import ModelConfig, is_int
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
 
@@ -36,7 +36,7 @@ class KVSpec:
     def kv_bytes(self, tokens: int, batch: int = 1, dtype: str = "bfloat16") -> float:
         """Bytes of K and V for `batch` sequences of `tokens` each."""
         for name, value, low in (("tokens", tokens, 0), ("batch", batch, 1)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            if not is_int(value) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         per_position = 2 * self.n_kv_head * self.head_dim * dtype_bytes(dtype)
         return batch * per_position * sum(self.positions(tokens))
@@ -58,7 +58,7 @@ def dtype_bytes(dtype: str) -> float:
 def _count(config: dict, key: str) -> int:
     """config[key] as a positive integer, or a ValueError naming the field."""
     value = config[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value) or value < 1:
         raise ValueError(f"config.json's {key} must be a positive integer, got {value!r}")
     return value
 

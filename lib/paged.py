@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .config import ModelConfig
+from .config import ModelConfig, is_int
 from .model import check_tokens
 
 
@@ -29,7 +29,7 @@ def chain_hash(parent: str, tokens) -> str:
 
 
 def _positive_int(name, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+    if not is_int(value) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
 
@@ -235,7 +235,7 @@ class BlockManager:
         """Keep the first n written positions (dropping the plan after them); blocks past them are
         released, shared ones stay shared (copied only when written)."""
         self._check_seq(seq_id)
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= self.computed[seq_id]:
+        if not is_int(n) or not 0 <= n <= self.computed[seq_id]:
             raise ValueError(f"cannot truncate sequence {seq_id!r} to {n!r}: it holds {self.computed[seq_id]} positions")
         n, table = int(n), self.tables[seq_id]
         for block in reversed(table[self._blocks_for(n):]):

@@ -6,6 +6,8 @@ same tokens. These are the p and q of speculative sampling (Leviathan et al. 202
 """
 import numpy as np
 
+from .config import is_int
+
 PROB_TOL = 1e-6  # how far a probability vector may sum from 1
 
 
@@ -19,7 +21,7 @@ def check_temperature(temperature) -> None:
 
 def check_seed(seed) -> int:
     """A seed for numpy.random.default_rng: a non-negative integer."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+    if not is_int(seed) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     return int(seed)
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from .batch import BatchedModel, batch_stepper
 from .bench import held_out_prompts, paired, single_thread, stepper
+from .config import is_int
 from .model import check_tokens
 from .paged import PagedKVCache
 from .sampling import check_temperature, next_token
@@ -156,7 +157,7 @@ def serve(model, trace, num_blocks: int, block_size: int = 16, policy: str = "co
         raise ValueError("request ids in a trace must be unique")
     for r in trace:
         check_tokens(r.prompt, cfg)
-        if not isinstance(r.n_new, (int, np.integer)) or r.n_new < 1:
+        if not is_int(r.n_new) or r.n_new < 1:
             raise ValueError(f"request {r.rid}: n_new must be a positive integer, got {r.n_new!r}")
         outcomes[r.rid].rejected = rejection(r, cfg, num_blocks, block_size)
     arrivals = deque(sorted((r for r in trace if not outcomes[r.rid].rejected), key=lambda r: r.arrival))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import ModelConfig
+from .config import ModelConfig, is_int
 from .generate import check_request
 from .kv_cache import KVCache
 from .lean import cached_step
@@ -85,7 +85,7 @@ def check_pair(target_cfg: ModelConfig, draft_cfg: ModelConfig, k, dynamic: bool
                          f"tokens, the draft {draft_cfg.vocab_size}")
     context = min(target_cfg.block_size, draft_cfg.block_size)
     for name, value in [("k (draft tokens per round)", k)] + [("k_max", k_max)] * dynamic:
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= context:
+        if not is_int(value) or not 1 <= value <= context:
             raise ValueError(f"{name} must be an integer from 1 to the context length {context}, got {value!r}")
     if dynamic and k > k_max:
         raise ValueError(f"dynamic k starts at k={k}, which is above k_max={k_max}")
@@ -143,7 +143,7 @@ class PromptLookup:
     transformers). The proposal is a point mass, so q is one-hot and the rule stays exact."""
 
     def __init__(self, max_ngram: int = 3):
-        if isinstance(max_ngram, bool) or not isinstance(max_ngram, (int, np.integer)) or max_ngram < 1:
+        if not is_int(max_ngram) or max_ngram < 1:
             raise ValueError(f"max_ngram must be an integer >= 1, got {max_ngram!r}")
         self.max_ngram = max_ngram
 
@@ -235,7 +235,7 @@ def check_formula_args(alpha, k, c=0.0, verify=1.0) -> None:
     """alpha a probability, k an integer >= 1, c >= 0 and verify > 0 (finite numbers)."""
     if not (isinstance(alpha, (int, float, np.number)) and 0 <= alpha <= 1):
         raise ValueError(f"alpha (the acceptance rate) must be in [0, 1], got {alpha!r}")
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+    if not is_int(k) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
     if not (isinstance(c, (int, float, np.number)) and 0 <= c < float("inf")):
         raise ValueError(f"c (draft cost / target cost) must be a finite number >= 0, got {c!r}")

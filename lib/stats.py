@@ -9,6 +9,8 @@ Pearson's chi-square test (Pearson 1900) pools outcomes expected fewer than 5 ti
 import numpy as np
 from scipy import stats
 
+from .config import is_int
+
 
 def check_distribution(p, name: str = "p", tol: float = 1e-6) -> np.ndarray:
     """A non-empty 1-D vector of finite non-negative numbers summing to 1 (within tol), as float64."""
@@ -22,7 +24,7 @@ def check_distribution(p, name: str = "p", tol: float = 1e-6) -> np.ndarray:
 
 
 def _check_count(n, name="n") -> None:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+    if not is_int(n) or n < 1:
         raise ValueError(f"{name} (the number of samples) must be an integer >= 1, got {n!r}")
 
 
