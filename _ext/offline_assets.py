@@ -1,7 +1,8 @@
 """Serve the widget manager, require.js and MathJax from the built site, so the book works offline.
 
 At set-up the three packages are fetched once from the npm registry (`npm pack`) into
-assets/vendor/ (not committed). When they are present, this extension points myst-nb's
+assets/vendor/ (not committed), each folder stamped with the package version it holds, so a
+checkout that kept an older copy fetches the pinned one again. When they are present, this extension points myst-nb's
 `nb_ipywidgets_js` and Sphinx's `mathjax_path` at the copies under _static/vendor/ and copies
 the widget manager's font files next to every page (they are requested relative to the page).
 When they cannot be fetched, the build still works with the public CDN defaults.
@@ -22,8 +23,14 @@ from sphinx.util import logging
 logger = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parent.parent
 VENDOR = ROOT / "assets" / "vendor"
-PACKAGES = {  # npm package -> (folder inside the tarball to keep, folder under vendor/)
-    "@jupyter-widgets/html-manager@1.0.6": ("package/dist", "html-manager"),
+# npm package -> (folder inside the tarball to keep, folder under vendor/). The widget manager is
+# the newest 1.0.x, whose controls (5.0.x) are the JavaScript side of ipywidgets 8.1: with 1.0.6,
+# moving a slider quickly logged "Cannot read properties of null (reading 'processLuminoMessage')"
+# in Chromium 156 (the Stack re-creates its child view at every index, and a resize message
+# posted to a view an index before reached it after it was disposed); 1.0.15 showed no error
+# in the browser test's rapid slider moves.
+PACKAGES = {
+    "@jupyter-widgets/html-manager@1.0.15": ("package/dist", "html-manager"),
     "requirejs@2.3.7": ("package", "requirejs"),
     "mathjax@3.2.2": ("package/es5", "mathjax"),
 }
@@ -51,9 +58,17 @@ FONT_PATHS = ("@jupyter-widgets", "@jupyter-widgets/html-manager/dist")
 SAFE_EXTRACT = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
 
 
+STAMP = ".npm-package"  # in each vendor folder: the package spec it was unpacked from
+
+
+def fetched(vendor: Path, spec: str, dest: str) -> bool:
+    stamp = vendor / dest / STAMP
+    return stamp.is_file() and stamp.read_text().strip() == spec
+
+
 def fetch(vendor: Path = VENDOR) -> bool:
-    """Download and unpack the packages once; False (and the CDN is used) if that fails."""
-    if all((vendor / dest).is_dir() for _, dest in PACKAGES.values()):
+    """Download and unpack the pinned packages (once); False (and the CDN is used) if that fails."""
+    if all(fetched(vendor, spec, dest) for spec, (_, dest) in PACKAGES.items()):
         return True
     npm = shutil.which("npm")
     if npm is None:
@@ -61,6 +76,8 @@ def fetch(vendor: Path = VENDOR) -> bool:
         return False
     with tempfile.TemporaryDirectory() as tmp:
         for spec, (inner, dest) in PACKAGES.items():
+            if fetched(vendor, spec, dest):
+                continue
             try:
                 out = subprocess.run([npm, "pack", spec, "--silent"], cwd=tmp, capture_output=True,
                                      text=True, timeout=180, check=True).stdout.split()[-1]
@@ -72,6 +89,7 @@ def fetch(vendor: Path = VENDOR) -> bool:
             target = vendor / dest
             shutil.rmtree(target, ignore_errors=True)
             shutil.copytree(Path(tmp) / dest / inner, target)
+            (target / STAMP).write_text(spec + "\n")
     return True
 
 

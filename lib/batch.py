@@ -18,6 +18,7 @@ import math
 import numpy as np
 from numba import njit
 
+from .config import is_int
 from .lean import GELU_S, LeanModel
 from .model import GELU_C, LN_EPS, check_cache, check_tokens, head, layer_norm, mlp
 from .paged import PagedKVCache, PagedSequence
@@ -296,15 +297,18 @@ class BatchedModel:
         return nest(0)
 
 
-def batch_stepper(batched: BatchedModel, positions, block_size: int = 16):
-    """A function that runs one batched decode step for sequences with `positions` cached tokens
-    (in one paged pool), then drops the new tokens again: ready to time, like bench.stepper."""
+def batch_stepper(batched: BatchedModel, positions, block_size: int = 16, n_tokens: int = 1):
+    """A function that runs one batched step for sequences with `positions` cached tokens, each
+    fed `n_tokens` new ones (1: decode; more: a prompt's chunk), in one paged pool, then drops the
+    new tokens again: ready to time, like bench.stepper."""
     cfg, positions = batched.cfg, [int(p) for p in positions]
-    pool = PagedKVCache(cfg, sum(-(-(p + 1) // block_size) for p in positions), block_size, prefix_caching=False)
+    if not is_int(n_tokens) or n_tokens < 1:
+        raise ValueError(f"n_tokens must be a positive integer, got {n_tokens!r}")
+    pool = PagedKVCache(cfg, sum(-(-(p + n_tokens) // block_size) for p in positions), block_size, prefix_caching=False)
     prompts = [np.arange(p) % cfg.vocab_size for p in positions]
     seqs = [pool.add(b, p) for b, p in enumerate(prompts)]
     batched.feed(seqs, prompts)
-    new = [[1]] * len(seqs)
+    new = [[1] * n_tokens] * len(seqs)
 
     def call():
         batched.feed(seqs, new)

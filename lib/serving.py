@@ -15,7 +15,9 @@ each request's blocks for its whole length are set aside when it joins.
 Time is measured: each iteration (scheduling, the batched step, sampling) is timed and the
 clock advances by it; requests arrive at their trace times, with gamma-distributed gaps
 (shape 1 is a Poisson process, below 1 burstier: vLLM's benchmark_serving). A `cost` function
-can replace the measured time, which makes the schedule deterministic (for tests).
+can replace the measured time, which makes the schedule deterministic: `fit_step_cost` fits
+one to this machine's steps (fixed + per sequence + per prompt token), a clock on which two
+policies compare the same way in every run, while the measured clock shows what this run saw.
 """
 import math
 import time
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .batch import BatchedModel, batch_stepper
-from .bench import held_out_prompts, paired, single_thread, stepper
+from .bench import held_out_prompts, median_time, paired, single_thread, stepper
 from .config import is_int
 from .model import check_tokens
 from .paged import PagedKVCache
@@ -251,6 +253,38 @@ def serve(model, trace, num_blocks: int, block_size: int = 16, policy: str = "co
 
 
 # ----------------------------------------------------------------------------- measurements
+
+@dataclass(frozen=True)
+class StepCost:
+    """A step's time in seconds, fitted: fixed + per_seq x sequences + per_prefill x prompt tokens."""
+    fixed: float
+    per_seq: float
+    per_prefill: float
+
+    def __call__(self, prefill_tokens: int, batch: int) -> float:
+        return self.fixed + self.per_seq * batch + self.per_prefill * prefill_tokens
+
+    def speedup_ceiling(self) -> float:
+        """What batching decode steps can gain at most: B t(1) / t(B) as B grows, (fixed + per_seq) / per_seq."""
+        return (self.fixed + self.per_seq) / self.per_seq
+
+
+def fit_step_cost(lean, positions, sizes=(1, 2, 4, 8, 16, 32), chunks=(16, 48), repeats: int = 5) -> StepCost:
+    """Fit `StepCost` by least squares to median step times measured now: decode steps of B
+    sequences at `positions[:B]` for B in `sizes`, and one sequence fed a prompt chunk of each
+    length in `chunks` (whose prompt tokens are `chunk - 1` more than a decode step's one)."""
+    if len(positions) < max(sizes):
+        raise ValueError(f"positions holds {len(positions)} sequences, sizes go up to {max(sizes)}")
+    engine, rows, times = BatchedModel(lean), [], []
+    for B in sizes:
+        rows.append((1.0, B, 0.0))
+        times.append(median_time(batch_stepper(engine, positions[:B]), repeats=repeats, warmup=1))
+    for n in chunks:
+        rows.append((1.0, 1, n))
+        times.append(median_time(batch_stepper(engine, positions[:1], n_tokens=n), repeats=repeats, warmup=1))
+    (fixed, per_seq, per_prefill), *_ = np.linalg.lstsq(np.array(rows), np.array(times), rcond=None)
+    return StepCost(float(fixed), float(per_seq), float(per_prefill))
+
 
 def decode_speedup(lean, positions, repeats: int = 9):
     """One batched decode step for sequences at `positions` against decoding each alone on the

@@ -127,14 +127,46 @@ def open_page(browser, path: Path):
     return page
 
 
-def test_every_built_page_loads_offline_with_its_widgets():
+# The visible plot (or text) of the slider figure that holds a slider, as the page shows it.
+FIGURE_OF = "(handle) => handle.closest('.widget-vbox')"
+
+
+def move_every_slider(page) -> list:
+    """Move each slider of the page to its end and back, quickly (as a reader drags it), then
+    step by step; returns a problem per slider whose readout or plot did not follow."""
+    problems = []
+    handles = page.locator(".noUi-handle")
+    for i in range(handles.count()):
+        handle, readout = handles.nth(i), page.locator(".widget-readout").nth(i)
+        figure = handle.evaluate_handle(FIGURE_OF).as_element()
+        shown = lambda: figure.query_selector(".widget-image:visible, .widget-html:visible")
+        start, before = readout.inner_text(), shown().screenshot()
+        handle.focus()
+        for key in ["ArrowRight"] * 12 + ["ArrowLeft"] * 12:  # past both ends, no pause between keys
+            handle.press(key)
+        page.wait_for_timeout(300)
+        if readout.inner_text() != start:
+            problems.append(f"slider {i}: back at the start it reads {readout.inner_text()!r}, not {start!r}")
+        handle.press("ArrowRight")
+        page.wait_for_timeout(300)
+        if readout.inner_text() == start:
+            problems.append(f"slider {i}: the readout did not move from {start!r}")
+        elif shown().screenshot() == before:
+            problems.append(f"slider {i}: at {readout.inner_text()!r} it shows the plot of {start!r}")
+        handle.press("ArrowLeft")
+    return problems
+
+
+def test_every_built_page_loads_offline_and_every_slider_moves():
+    """Every page of the built book: nothing fetched from another host or failed, nothing wider than
+    the column, every slider moves its plot, and the console stays clean throughout."""
     site = ROOT / "_build" / "html"
     if not (site / "index.html").exists():
         pytest.skip("the book has not been built (jupyter-book build --all -W --keep-going .)")
     need_chromium()
     from playwright.sync_api import sync_playwright
 
-    problems = []
+    problems, moved = [], 0
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         for path in sorted((site / "book").glob("*.html")):
@@ -143,15 +175,19 @@ def test_every_built_page_loads_offline_with_its_widgets():
             page.on("request", lambda r: None if r.url.startswith(("file:", "data:", "blob:")) else outside.append(r.url))
             page.goto(path.as_uri())
             page.wait_for_load_state("load")
-            if "application/vnd.jupyter.widget-state+json" in path.read_text():
+            has_widgets = "application/vnd.jupyter.widget-state+json" in path.read_text()
+            if has_widgets:
                 page.locator(".widget-slider").first.wait_for(timeout=30_000)
             page.wait_for_timeout(1000)  # MathJax and the widgets finish rendering
             wide = page.evaluate(OVERFLOW_JS)
-            if page.failed or outside or page.errors or wide:
-                problems.append((path.name, page.failed, outside, page.errors, wide[:5]))
+            sliders = move_every_slider(page) if has_widgets else []
+            moved += page.locator(".noUi-handle").count()
+            if page.failed or outside or page.errors or wide or sliders:
+                problems.append((path.name, page.failed, outside, page.errors, wide[:5], sliders))
             page.close()
         browser.close()
     assert problems == []
+    assert moved >= 10, f"only {moved} sliders found in the built book"
 
 
 def test_slider_switches_the_plot_in_a_browser(slider_site):

@@ -8,7 +8,9 @@ from hypothesis import given, settings, strategies as st
 from lib.generate import generate
 from lib.lean import LeanModel
 from lib.model import load
-from lib.serving import Request, make_trace, serve
+from lib.batch import BatchedModel, batch_stepper
+from lib.bench import single_thread
+from lib.serving import Request, StepCost, fit_step_cost, make_trace, serve
 
 PARAMS, CFG = load("target")
 LEAN = LeanModel(PARAMS, CFG)
@@ -120,3 +122,34 @@ def test_bad_requests_are_refused():
         make_trace(3, rate=0.0)
     with pytest.raises(ValueError, match="ranges of positive lengths"):
         make_trace(3, rate=1.0, n_new=(5, 2))
+
+
+def test_step_cost_is_its_formula_and_caps_batching():
+    cost = StepCost(fixed=2e-4, per_seq=5e-5, per_prefill=4e-5)
+    assert cost(0, 1) == pytest.approx(2.5e-4) and cost(10, 4) == pytest.approx(2e-4 + 2e-4 + 4e-4)
+    B = 10_000  # B steps of one sequence against one step of B approaches the ceiling
+    assert B * cost(0, 1) / cost(0, B) == pytest.approx(cost.speedup_ceiling(), rel=1e-3)
+
+
+def test_a_fitted_clock_gives_the_same_schedule_every_run():
+    positions = np.random.default_rng(0).integers(16, 129, 4)
+    with single_thread():
+        clock = fit_step_cost(LEAN, positions, sizes=(1, 2, 4), chunks=(8,), repeats=1)
+    trace = make_trace(8, rate=2000.0, seed=3)
+    runs = [serve(LEAN, trace, 24, cost=clock) for _ in range(2)]
+    assert runs[0].summary() == runs[1].summary()
+    assert np.array_equal(runs[0].timeline, runs[1].timeline)
+
+
+def test_fit_step_cost_needs_a_position_per_sequence():
+    with pytest.raises(ValueError, match="positions"):
+        fit_step_cost(LEAN, [16, 32], sizes=(1, 4))
+
+
+def test_batch_stepper_feeds_chunks_and_leaves_the_pool_as_it_was():
+    engine = BatchedModel(LEAN)
+    call = batch_stepper(engine, [20, 40], n_tokens=8)
+    for _ in range(3):
+        call()  # would run out of the pool's blocks if the chunks were kept
+    with pytest.raises(ValueError, match="n_tokens"):
+        batch_stepper(engine, [20], n_tokens=0)
