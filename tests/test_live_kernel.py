@@ -1,0 +1,139 @@
+"""The live path of `jupyter lab book/`: JupyterLab serves a notebook, a real kernel runs it, and
+its slider switches the plot in headless Chromium (1280 px), with no error in an output and none
+in the browser console."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import nbformat
+import pytest
+
+from test_book_html import CHROMIUM, CHROMIUM_ARGS, SLIDER_CELL, need_chromium, open_page
+
+NOTEBOOK = "live.ipynb"
+START_TIMEOUT = 60  # s for the server to answer /api/status
+LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1 never through a proxy
+# JupyterLab's own settings, written to the run's empty settings folder: never fetch the Jupyter
+# news feed, and so never show the toast that asks whether to (it would cover part of the page).
+LAB_SETTINGS = {"@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false"}}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop(server: subprocess.Popen):
+    """SIGTERM (the server then shuts its kernel down), SIGKILL if it has not exited in 15 s."""
+    if server.poll() is None:
+        server.terminate()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=15)
+
+
+def tail(log, n=4000) -> str:
+    log.flush()
+    log.seek(0)
+    return log.read()[-n:]
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """A JupyterLab server on 127.0.0.1 (a free port, no token, no password, no browser) whose
+    root folder holds one notebook with a slider; yields its URL and always stops it."""
+    need_chromium()  # before starting a server the test could not use
+    root = tmp_path / "root"
+    root.mkdir()
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# A slider in a live kernel"),
+        nbformat.v4.new_code_cell(SLIDER_CELL)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nbformat.write(nb, root / NOTEBOOK)
+    # The user's Jupyter config, data (kernels, lab extensions), runtime files, IPython profile and
+    # JupyterLab settings and workspaces stay out: every run starts from JupyterLab's defaults in
+    # fresh folders and leaves no state behind. The venv's own config and data still apply (the
+    # python3 kernel, the widgets extension).
+    env = dict(os.environ)
+    for var, sub in [("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
+                     ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython"),
+                     ("JUPYTERLAB_SETTINGS_DIR", "lab-settings"), ("JUPYTERLAB_WORKSPACES_DIR", "lab-workspaces")]:
+        (tmp_path / sub).mkdir()
+        env[var] = str(tmp_path / sub)
+    for name, settings in LAB_SETTINGS.items():
+        (tmp_path / "lab-settings" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "lab-settings" / name).write_text(json.dumps(settings))
+    port = free_port()
+    log = open(tmp_path / "server.log", "w+")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+         f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--ServerApp.root_dir={root}",
+         "--IdentityProvider.token=", "--PasswordIdentityProvider.hashed_password=",
+         "--allow-root",  # containers (CI) often run as root, which the server refuses without it
+         "--LabApp.news_url=None"],  # the server fetches no announcements, whatever the settings say
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            assert server.poll() is None, f"the server exited:\n{tail(log)}"
+            try:
+                with LOCAL.open(f"{url}/api/status", timeout=2) as answer:
+                    json.load(answer)
+                break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                assert time.monotonic() < deadline, f"no answer from {url} in {START_TIMEOUT} s:\n{tail(log)}"
+                time.sleep(0.25)
+        yield url
+    finally:
+        stop(server)
+        print(f"server log:\n{tail(log)}")  # shown by pytest if the test failed
+        log.close()
+
+
+def test_slider_switches_the_plot_in_jupyterlab(lab):
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = open_page(browser, lab)
+            page.set_default_timeout(30_000)  # starting the kernel, running the cell on a busy machine
+            expect.set_options(timeout=30_000)
+            page.goto(f"{lab}/lab/tree/{NOTEBOOK}")
+            notebook = page.locator(".jp-NotebookPanel")
+            # the kernel has started and its websocket is connected: the status bar names the kernel
+            # and shows it idle (the toolbar's indicator says idle already while there is no kernel)
+            page.locator(".jp-StatusBar-TextItem", has_text="Python 3 (ipykernel) | Idle").wait_for()
+            page.get_by_role("menuitem", name="Run", exact=True).click()  # the menu bar's Run menu
+            page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()  # Run All Cells
+            expect(notebook.locator(".jp-CodeCell .jp-InputPrompt")).to_have_text(["[1]:"])  # it ran, once
+            tracebacks = notebook.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]',
+                                          has_text="Traceback").all_inner_texts()
+            error_texts = notebook.locator(".jp-RenderedText", has_text="Error").all_inner_texts()
+            assert tracebacks == [] and error_texts == [], tracebacks + error_texts
+            image, readout = notebook.locator(".widget-image:visible"), notebook.locator(".widget-readout")
+            expect(image).to_have_count(1)  # one of the stack's five plots is shown
+            expect(readout).to_have_text("1")
+            src, before = image.get_attribute("src"), image.screenshot()
+            handle = notebook.locator(".noUi-handle")
+            handle.focus()
+            handle.press("ArrowRight")
+            expect(readout).to_have_text("2")
+            expect(image).not_to_have_attribute("src", src)  # the stack shows another plot
+            after = image.screenshot()
+            errors, failed = list(page.errors), list(page.failed)
+        finally:
+            expect.set_options(timeout=None)  # back to Playwright's default for other tests
+            browser.close()
+    assert before != after, "moving the slider did not change the plot"
+    assert errors == [], f"console errors: {errors}"
+    assert failed == [], f"requests failed: {failed}"
