@@ -300,7 +300,7 @@ class BatchedModel:
 def batch_stepper(batched: BatchedModel, positions, block_size: int = 16, n_tokens: int = 1):
     """A function that runs one batched step for sequences with `positions` cached tokens, each
     fed `n_tokens` new ones (1: decode; more: a prompt's chunk), in one paged pool, then drops the
-    new tokens again: ready to time, like bench.stepper."""
+    new tokens again: ready to time, like lib.timing.stepper."""
     cfg, positions = batched.cfg, [int(p) for p in positions]
     if not is_int(n_tokens) or n_tokens < 1:
         raise ValueError(f"n_tokens must be a positive integer, got {n_tokens!r}")

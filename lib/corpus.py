@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .tokenizer import VOCAB, encode
+from .tokenizer import VOCAB, decode, encode
 
 MODULES = tuple("""
 abc ast base64 bdb bisect bz2 cProfile calendar cmd code codecs codeop colorsys compileall
@@ -71,3 +71,10 @@ def load_corpus() -> Corpus:
                   held_out=encode("\n\n".join(parts["held_out"])),
                   train_modules=tuple(names["train"]), held_out_modules=tuple(names["held_out"]),
                   skipped=tuple(skipped), sha256=digest.hexdigest())
+
+
+def held_out_prompts(count: int = 4, length: int = 16):
+    """`count` line starts of `length` characters, spread evenly over the held-out text (lines
+    whose start holds at least 12 non-blank characters)."""
+    lines = [l for l in decode(load_corpus().held_out).split("\n") if len(l[:length].strip()) >= 12]
+    return [encode(lines[i * len(lines) // count][:length]) for i in range(count)]

@@ -21,7 +21,7 @@ numpy's products when it is built (`fastest_products`) and uses whichever is fas
 import numpy as np
 from numba import njit
 
-from .bench import median_time
+from .timing import median_time
 
 MAX_ROWS = 9  # the kernel is considered for 1..MAX_ROWS rows (k = 8 verifies 9)
 

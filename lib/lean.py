@@ -36,7 +36,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from .bench import single_thread
+from .timing import single_thread
 from .config import ModelConfig
 from .kernels import MAX_ROWS, candidates, fastest_products
 from .kv_cache import KVCache
@@ -213,7 +213,7 @@ def _heads(qkv, T, C, KV, Hkv, G, D):
 
 class _Buffers:
     """Preallocated arrays for up to `rows` new tokens; `like` keeps the weights' array type, so
-    lib.bench.count_ops also sees calls on the buffers."""
+    lib.timing.count_ops also sees calls on the buffers."""
 
     def __init__(self, like, rows, cfg: ModelConfig, hidden: int):
         self.rows, self.C, self.G, self.hidden = rows, cfg.n_embd, cfg.group_size, hidden

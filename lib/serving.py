@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .batch import BatchedModel, batch_stepper
-from .bench import held_out_prompts, median_time, paired, single_thread, stepper
 from .config import is_int
+from .corpus import held_out_prompts
 from .model import check_tokens
 from .paged import PagedKVCache
 from .sampling import check_temperature, next_token
+from .timing import median_time, paired, single_thread, stepper
 
 
 @dataclass

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from .bench import paired_times, stepper
+from .timing import paired_times, stepper
 from .generate import generate
 from .lean import cached_step
 from .speculative import expected_speedup, expected_tokens_per_call, speculative_generate

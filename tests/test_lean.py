@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from lib.bench import numpy_calls_per_step
+from lib.timing import numpy_calls_per_step
 from lib.config import TARGET
 from lib.generate import generate
 from lib.kv_cache import KVCache

@@ -9,7 +9,7 @@ from lib.generate import generate
 from lib.lean import LeanModel
 from lib.model import load
 from lib.batch import BatchedModel, batch_stepper
-from lib.bench import single_thread
+from lib.timing import single_thread
 from lib.serving import Request, StepCost, fit_step_cost, make_trace, serve
 
 PARAMS, CFG = load("target")

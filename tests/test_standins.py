@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from lib.bench import held_out_prompts
+from lib.corpus import held_out_prompts
 from lib.config import ModelConfig
 from lib.generate import generate
 from lib.kv_cache import KVCache

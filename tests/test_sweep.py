@@ -2,7 +2,7 @@
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from lib.bench import held_out_prompts
+from lib.corpus import held_out_prompts
 from lib.lean import LeanModel
 from lib.model import load
 from lib.speculative import speculative_generate

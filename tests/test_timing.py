@@ -1,7 +1,7 @@
 """The counters behind the book's FLOP and byte figures."""
 import numpy as np
 
-from lib.bench import count_ops, median_time
+from lib.timing import count_ops, median_time, numpy_calls_per_step, step_counts
 from lib.config import TARGET
 from lib.kv_cache import KVCache
 from lib.model import forward_cached
@@ -37,3 +37,34 @@ def test_median_time_is_positive_and_loops_short_calls():
     calls = []
     t = median_time(lambda: calls.append(1), repeats=3, warmup=1, min_seconds=0.001)
     assert t > 0 and len(calls) > 4
+
+
+def test_every_call_is_kept_as_an_op_with_what_a_cost_model_needs():
+    params = {"w": np.ones((8, 3), np.float32), "k": np.ones((2, 6, 10), np.float32)}
+    x = np.ones((5, 8), np.float32)
+
+    def step(p):
+        y = np.dot(x, p["w"])  # a weight product through np.dot: 5 rows share one read of w
+        att = np.ones((2, 1, 6), np.float32) @ p["k"]  # attention: batched over 2 heads
+        att = np.exp(att)
+        att[att > 0] = 0.0  # a masked write
+        return np.concatenate([y, y])
+    counts = count_ops(step, params)
+    kinds = [(op.kind, op.name) for op in counts.ops]
+    assert kinds == [("matmul", "weights"), ("matmul", "attention"), ("ufunc", "exp.__call__"),
+                     ("ufunc", "greater.__call__"), ("ufunc", "setitem"), ("function", "concatenate")]
+    weights, attention = counts.ops[:2]
+    assert (weights.rows, weights.streamed, weights.batch) == (5, 8 * 3 * 4, 1)
+    assert (attention.rows, attention.streamed, attention.batch) == (1, 2 * 6 * 10 * 4, 2)
+    assert counts.ops[4].flops == 2 * 10  # every element of att was written
+    assert counts.numpy_calls == 5  # the masked write is not a numpy call
+
+
+def test_step_counts_are_the_step_alone_for_each_call_size():
+    params, cfg = perturbed_params(TARGET), TARGET
+    builder = lambda p: (lambda new, cache: forward_cached(p, cfg, new, cache))
+    counts = step_counts(builder, params, cfg, 99, sizes=(1, 3))
+    assert counts[1].flops == 2 * sum(v.size for k, v in params.items() if v.ndim == 2 and k not in
+                                      ("wte.weight", "wpe.weight")) + 4 * cfg.n_embd * 100 * cfg.n_layer
+    assert counts[3].matmuls == counts[1].matmuls and counts[3].flops > 3 * counts[1].flops - 1
+    assert numpy_calls_per_step(builder, params, cfg, 99) == counts[1].numpy_calls

@@ -1,0 +1,259 @@
+"""Predict, then measure: a step's time from its counted work and this machine's constants.
+
+A step is a sequence of numpy calls (`lib.timing.count_ops` records each one as an `Op`). The
+model charges every call a fixed cost (Python, numpy's dispatch and the allocation of its
+result), and on top of it the larger of two times, as the roofline model does (Williams et al.
+2009):
+
+- a matrix product: the bytes of its second operand (a weight matrix, or the cached K or V)
+  at the read bandwidth of the memory level that holds the step's whole working set, against
+  its FLOPs at the rate a product of that many rows reaches on this machine;
+- an elementwise call or reduction: its elements at this machine's cost per element (a
+  transcendental such as exp or tanh costs more than an add), against its bytes at the bandwidth
+  of the level that holds them;
+- any other call (a copy, a concatenation): its bytes at that bandwidth.
+
+`calibrate()` measures the constants once, single-threaded, in a few seconds: the fixed cost
+of a call, read bandwidth by working-set size (from the first-level cache to far beyond the
+last), and the FLOP/s of a weight product by row count with each product the engine can choose
+(numpy's, a batch of one-row products, the small-rows kernel of `lib.kernels`). One set of
+constants serves every prediction of a run: nothing is tuned per point.
+
+The same arithmetic with a GPU's data-sheet constants (`H100_SXM`) gives a decode step of a real
+configuration from `lib.memory`: t = max((weights + B x L x K/V bytes per token) / bandwidth,
+2 N B / FLOP/s), as the inference chapter of the JAX scaling book (Austin et al. 2025) does on
+paper.
+"""
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .timing import Op, OpCounts, median_time, single_thread
+
+LADDER = (32 * 2**10, 256 * 2**10, 2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20, 256 * 2**20, 2**30)  # working sets probed
+RATE_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 64, 512)
+RATE_LEVELS = (256 * 2**10, 16 * 2**20, 256 * 2**20)  # weight sizes the products are timed on: in L2, L3, memory
+LARGE_ROWS = 16  # from this many rows on, products are timed in L2 only (compute-bound wherever the weight is)
+ELEMENTWISE = {  # ufunc (and method) -> a call that computes 65,536 float32 elements of it into a buffer
+    "add": lambda x, o: np.add(x, x, out=o), "subtract": lambda x, o: np.subtract(x, x, out=o),
+    "multiply": lambda x, o: np.multiply(x, x, out=o), "divide": lambda x, o: np.divide(x, 3.0, out=o),
+    "square": lambda x, o: np.square(x, out=o), "power": lambda x, o: np.power(x, 3, out=o),
+    "sqrt": lambda x, o: np.sqrt(x * x, out=o), "exp": lambda x, o: np.exp(x, out=o),
+    "tanh": lambda x, o: np.tanh(x, out=o), "maximum": lambda x, o: np.maximum(x, 0.0, out=o),
+    "greater": lambda x, o: np.greater(x, 0.0), "add.reduce": lambda x, o: np.add.reduce(x.reshape(256, 256), axis=-1),
+    "maximum.reduce": lambda x, o: np.maximum.reduce(x.reshape(256, 256), axis=-1),
+    "setitem": lambda x, o: o.__setitem__(x > 0, -np.inf),  # a masked write (2 of 4 bytes per element)
+}
+ALIASES = {"true_divide": "divide", "less": "greater", "greater_equal": "greater", "less_equal": "greater",
+           "minimum": "maximum", "negative": "multiply", "absolute": "multiply"}
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Measured constants of one machine (one thread): seconds, bytes/s, FLOP/s."""
+    call: float  # fixed cost of one small numpy call
+    engine_call: dict  # {"plain": s, "lean": s}: a numpy call with the engine's own Python around it
+    ladder: tuple  # ((working-set bytes, read bytes/s), ...), smallest first
+    rates: dict  # {(product, rows, weight bytes): FLOP/s}; product "numpy", "one-row batch" or "kernel"
+    per_element: dict  # {ufunc name: seconds per element}
+    caches: dict = field(default_factory=dict)  # {"L1d": bytes, "L2": bytes, "L3": bytes} as the system reports
+
+    def bandwidth(self, working_set: float) -> float:
+        """Read bandwidth for a working set of this many bytes, interpolated in log size between the probes."""
+        sizes, rates = zip(*self.ladder)
+        return float(np.interp(np.log(max(working_set, 1.0)), np.log(sizes), rates))
+
+    def rate(self, rows: int, product: str = "numpy", working_set: float = 0.0) -> float:
+        """FLOP/s of a weight product over `rows` rows whose weights stream from a working set of this
+        many bytes: interpolated in log rows, then in log size between the levels probed."""
+        measured = {r for p, r, _ in self.rates if p == product}
+        if not measured or not min(measured) <= rows <= max(measured):
+            product = "numpy"  # the engine's product beyond the rows another product is made for
+        by_level = []
+        for level in RATE_LEVELS:
+            measured = sorted((r, v) for (p, r, size), v in self.rates.items()
+                              if p == product and (size == level or (r >= LARGE_ROWS and size == RATE_LEVELS[0])))
+            rs, vs = zip(*measured)
+            by_level.append(np.interp(np.log(rows), np.log(rs), vs))
+        return float(np.interp(np.log(max(working_set, 1.0)), np.log(RATE_LEVELS), by_level))
+
+    def element(self, name: str) -> float:
+        """Seconds per element of a ufunc (a reduction as "add.reduce"); unknown ones cost as a multiply."""
+        base, _, method = name.partition(".")
+        key = ALIASES.get(base, base) + (f".{method}" if method and method != "__call__" else "")
+        return self.per_element.get(key, self.per_element["multiply"])
+
+
+@dataclass
+class Prediction:
+    """A predicted time in seconds and where it goes."""
+    seconds: float
+    parts: dict  # {"calls": s, "weight products": s, "attention products": s, "elementwise": s, "copies": s}
+
+    def __str__(self):
+        parts = ", ".join(f"{k} {v * 1e6:.0f}" for k, v in self.parts.items() if v)
+        return f"{self.seconds * 1e3:.3f} ms ({parts} us)"
+
+
+def cache_sizes() -> dict:
+    """The data caches this system reports for CPU 0: {"L1d": bytes, "L2": bytes, "L3": bytes}."""
+    sizes = {}
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            kind, level, size = ((index / f).read_text().strip() for f in ("type", "level", "size"))
+        except OSError:
+            continue
+        if kind != "Instruction":
+            unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(size[-1], 1)
+            sizes["L1d" if level == "1" else f"L{level}"] = int(size.rstrip("KMG")) * unit
+    return sizes
+
+
+def _call_cost() -> float:
+    """Seconds per call of the small calls a cached step is made of: an add into a buffer, a tiny
+    product, an exp, a reduction, a slice copy (the median over them)."""
+    a, b = np.ones((1, 96), np.float32), np.ones((96, 8), np.float32)
+    att, out, e = np.ones((4, 1, 17), np.float32), np.empty((1, 96), np.float32), np.empty((4, 1, 17), np.float32)
+    calls = [lambda: np.add(a, a, out=out), lambda: np.matmul(a, b), lambda: np.exp(att, out=e),
+             lambda: att.sum(axis=-1, keepdims=True), lambda: np.concatenate([a, a])]
+    return float(np.median([median_time(lambda: [c() for _ in range(200)], repeats=5, warmup=1) / 200 for c in calls]))
+
+
+def _engine_call_costs() -> dict:
+    """Seconds per numpy call of a decode step of a model too small for its arithmetic or bytes to
+    matter (2 layers of width 8): what a call costs with the engine's own Python around it."""
+    from .config import ModelConfig
+    from .lean import LeanModel
+    from .model import forward_cached, init_params
+    from .timing import step_counts, stepper
+    cfg = ModelConfig(n_layer=2, n_head=2, n_kv_head=2, n_embd=8, block_size=32)
+    params = init_params(cfg)
+    steps = {"plain": lambda p: (lambda new, cache: forward_cached(p, cfg, new, cache)),
+             "lean": lambda p: LeanModel(p, cfg, products="numpy")}
+    return {path: median_time(stepper(build(params), cfg, 16), repeats=7, min_seconds=0.005)
+            / len(step_counts(build, params, cfg, 16)[1].ops) for path, build in steps.items()}
+
+
+def _gemv_seconds(nbytes: int) -> float:
+    """Seconds of one one-row product over a float32 matrix of `nbytes` (each element read once)."""
+    m = np.ones((max(nbytes // 1024, 1), 256), np.float32)  # (rows, 256), every page written
+    x = np.ones(256, np.float32)
+    return median_time(lambda: np.dot(m, x), repeats=7, warmup=1, min_seconds=0.01 if nbytes < 2**26 else 0.0)
+
+
+def _read_rates(sizes) -> tuple:
+    """((bytes, read bytes/s), ...) for working sets of each size: one-row products over a matrix
+    of that size, less the time of the same call over 1 KiB (its fixed cost)."""
+    fixed = _gemv_seconds(1024)
+    return tuple((size, size / max(_gemv_seconds(size) - fixed, 1e-12)) for size in sizes)
+
+
+def _product_rates(call: float) -> dict:
+    """FLOP/s of (rows, K) @ (K, N) with each product of `lib.kernels`, on weights of each size of
+    RATE_LEVELS (K = 256; several matrices in turn for the large sizes, as a step reads its layers)."""
+    from .kernels import MAX_ROWS, candidates
+    rng = np.random.default_rng(0)
+    rates = {}
+    for level in RATE_LEVELS:
+        count = max(1, level // (8 * 2**20))  # matrices of at most 8 MiB each, read in turn
+        K, N = 256, level // count // (4 * 256)
+        ws = [np.asfortranarray(rng.standard_normal((K, N), np.float32)) for _ in range(count)]
+        for rows in RATE_ROWS if level == RATE_LEVELS[0] else RATE_ROWS[:RATE_ROWS.index(LARGE_ROWS)]:
+            a = rng.standard_normal((rows, K), np.float32)
+            names = candidates(rows) if rows <= MAX_ROWS else {"numpy": np.matmul}
+            for name, product in names.items():
+                t = median_time(lambda: [product(a, w) for w in ws], repeats=3 if count > 1 else 5,
+                                warmup=1, min_seconds=0.0 if count > 1 else 0.005)
+                rates[name, rows, level] = 2 * rows * K * N * count / max(t - count * call, 1e-12)
+    return rates
+
+
+def _element_costs(call: float, n: int = 65536) -> dict:
+    """Seconds per element of each elementwise call in ELEMENTWISE, on float32 values in cache."""
+    x = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
+    out = np.empty(n, np.float32)
+    return {name: max(median_time(lambda: fn(x, out), repeats=5, min_seconds=0.003) - call, 0.0) / n
+            for name, fn in ELEMENTWISE.items()}
+
+
+def calibrate(out=print) -> Machine:
+    """Measure this machine's constants (one BLAS thread) and print them."""
+    with single_thread():
+        call = _call_cost()
+        machine = Machine(call, _engine_call_costs(), _read_rates(LADDER), _product_rates(call),
+                          _element_costs(call), cache_sizes())
+    if out:
+        out(describe(machine))
+    return machine
+
+
+def describe(m: Machine) -> str:
+    caches = ", ".join(f"{k} {v / 2**10:,.0f} KiB" for k, v in m.caches.items()) or "not reported"
+    ladder = ", ".join(f"{s / 2**20:g} MiB {bw / 1e9:.0f}" for s, bw in m.ladder)
+    lines = [f"caches (system): {caches}",
+             f"fixed cost of a numpy call: {m.call * 1e6:.2f} us alone; with the engine's Python around it: "
+             + ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in m.engine_call.items()),
+             f"read GB/s by working set: {ladder}",
+             "product GFLOP/s by rows, weights of " + ", ".join(f"{s / 2**20:g}" for s in RATE_LEVELS) + " MiB:"]
+    for product in ("numpy", "one-row batch", "kernel"):
+        rows = sorted({r for p, r, _ in m.rates if p == product})
+        lines.append(f"  {product:14s}" + "  ".join(
+            f"{r}:" + "/".join(f"{m.rates[product, r, s] / 1e9:.0f}" for s in RATE_LEVELS if (product, r, s) in m.rates)
+            for r in rows))
+    lines.append("elementwise ns per element: " + ", ".join(f"{k} {v * 1e9:.2f}" for k, v in m.per_element.items()))
+    return "\n".join(lines)
+
+
+def working_set(ops) -> int:
+    """Bytes a step streams: every product's second operand (weights, cached K and V), once."""
+    return sum(op.streamed for op in ops if op.kind == "matmul")
+
+
+def predict(counts, machine: Machine, product: str = "numpy", path: str = None) -> Prediction:
+    """The time of a step from its counted ops. product: the weight product the step uses for its
+    rows (the lean model's choice, `LeanModel.products[T]`); path: "plain" or "lean" to charge each
+    call what it costs inside that engine (measured on a tiny model), None for a bare numpy call."""
+    ops = counts.ops if isinstance(counts, OpCounts) else counts
+    ws = working_set(ops)
+    parts = dict.fromkeys(("calls", "weight products", "attention products", "elementwise", "copies"), 0.0)
+    for op in ops:
+        if op.kind == "matmul":
+            if op.name == "weights":
+                parts["weight products"] += op.flops / machine.rate(op.rows, product, ws)
+            else:  # batched over heads: numpy's product, its K or V streaming with the step's working set
+                parts["attention products"] += max(op.streamed / machine.bandwidth(ws),
+                                                    op.flops / machine.rate(op.rows, "numpy", op.streamed))
+        elif op.kind == "ufunc":
+            parts["elementwise"] += max(op.flops * machine.element(op.name), op.bytes / machine.bandwidth(op.bytes))
+        else:
+            parts["copies"] += op.bytes / machine.bandwidth(op.bytes)
+    parts["calls"] = len(ops) * (machine.engine_call[path] if path else machine.call)
+    return Prediction(sum(parts.values()), parts)
+
+
+# ----------------------------------------------------------------------------- accelerators
+
+@dataclass(frozen=True)
+class Accelerator:
+    """A GPU's data-sheet constants."""
+    name: str
+    flops: float  # dense bf16 FLOP/s
+    bandwidth: float  # memory bytes/s
+    memory: float  # bytes
+    source: str
+
+
+H100_SXM = Accelerator("H100 SXM", 989e12, 3.35e12, 80e9,
+                       "NVIDIA H100 Tensor Core GPU data sheet: 989 TFLOP/s dense BF16, 3.35 TB/s HBM3, 80 GB")
+
+
+def predict_decode(spec, gpu: Accelerator, batch: int = 1, context: int = 1024, dtype: str = "bfloat16") -> dict:
+    """One decode step of `batch` sequences of `context` tokens for a `lib.memory` spec on `gpu`:
+    the weights and every sequence's K/V read once, against 2 N B FLOPs of the weight products."""
+    weights, kv = spec.weight_bytes(dtype), spec.kv_bytes(context, batch, dtype)
+    memory = (weights + kv) / gpu.bandwidth
+    compute = 2 * spec.n_params * batch / gpu.flops
+    return {"seconds": max(memory, compute), "memory": memory, "compute": compute,
+            "weights": weights, "kv": kv, "bound": "memory" if memory >= compute else "compute"}

@@ -1,0 +1,76 @@
+"""The cost model's arithmetic: a prediction is the sum its docstring states, with the constants
+given; interpolation stays between the measured points; the GPU formula is the roofline's."""
+import math
+
+import numpy as np
+import pytest
+
+from lib.costmodel import H100_SXM, Accelerator, Machine, cache_sizes, calibrate, predict, predict_decode
+from lib.memory import from_hf_config
+from lib.timing import Op, single_thread
+
+LEVELS = (256 * 2**10, 16 * 2**20, 256 * 2**20)
+MACHINE = Machine(
+    call=1e-6, engine_call={"lean": 2e-6, "plain": 3e-6},
+    ladder=((2**10, 100e9), (2**20, 50e9), (2**30, 10e9)),
+    rates={**{(p, r, s): r * 10e9 / (1 + LEVELS.index(s)) for p in ("numpy", "kernel") for r in range(1, 16) for s in LEVELS},
+           **{("numpy", r, LEVELS[0]): r * 10e9 for r in (16, 64, 512)}},
+    per_element={"multiply": 1e-9, "exp": 4e-9, "add.reduce": 2e-9})
+
+
+def test_bandwidth_is_interpolated_in_log_size_and_clamped():
+    assert MACHINE.bandwidth(2**20) == pytest.approx(50e9)
+    assert MACHINE.bandwidth(2**15) == pytest.approx(75e9)  # halfway between 2^10 and 2^20 in log size
+    assert MACHINE.bandwidth(1) == 100e9 and MACHINE.bandwidth(2**40) == 10e9
+
+
+def test_product_rate_by_rows_and_level_and_unknown_product_falls_back_to_numpy():
+    assert MACHINE.rate(4, "kernel", LEVELS[0]) == pytest.approx(40e9)
+    assert MACHINE.rate(4, "kernel", LEVELS[2]) == pytest.approx(40e9 / 3)
+    assert MACHINE.rate(64, "kernel", LEVELS[2]) == pytest.approx(640e9)  # large rows: timed in L2 only
+    assert MACHINE.rate(4, "one-row batch", LEVELS[0]) == MACHINE.rate(4, "numpy", LEVELS[0])
+
+
+def test_element_cost_names_reductions_and_aliases():
+    assert MACHINE.element("exp.__call__") == 4e-9
+    assert MACHINE.element("add.reduce") == 2e-9
+    assert MACHINE.element("negative.__call__") == 1e-9  # costs as a multiply
+
+
+def test_prediction_is_the_sum_of_calls_and_each_ops_roofline():
+    ws = 3 * 2**20  # the weights and K streamed: the working set
+    ops = [Op("matmul", "weights", flops=2 * 4 * 1024 * 768, bytes=0, rows=4, streamed=2 * 2**20),
+           Op("matmul", "attention", flops=2 * 2**18, bytes=0, rows=1, streamed=2**20, batch=4),
+           Op("ufunc", "exp.__call__", flops=1000, bytes=8000),
+           Op("function", "concatenate", bytes=2**20)]
+    p = predict(ops, MACHINE, "kernel", path="lean")
+    weights = ops[0].flops / MACHINE.rate(4, "kernel", ws)
+    attention = max(2**20 / MACHINE.bandwidth(ws), ops[1].flops / MACHINE.rate(1, "numpy", 2**20))
+    elementwise = max(1000 * 4e-9, 8000 / MACHINE.bandwidth(8000))
+    copies = 2**20 / MACHINE.bandwidth(2**20)
+    assert p.parts == pytest.approx({"calls": 4 * 2e-6, "weight products": weights, "attention products": attention,
+                                     "elementwise": elementwise, "copies": copies})
+    assert p.seconds == pytest.approx(sum(p.parts.values()))
+    assert predict(ops, MACHINE).parts["calls"] == 4 * 1e-6  # a bare numpy call without a path
+
+
+def test_h100_decode_is_the_larger_of_reading_and_computing():
+    llama = from_hf_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                            "hidden_size": 4096}, "Llama-3-8B", 8.03e9)
+    one = predict_decode(llama, H100_SXM, batch=1, context=1024)
+    assert one["bound"] == "memory"
+    assert one["seconds"] == pytest.approx((8.03e9 * 2 + 131072 * 1024) / 3.35e12)
+    big = predict_decode(llama, Accelerator("slow math", 1e12, 3.35e12, 80e9, ""), batch=64, context=16)
+    assert big["bound"] == "compute" and big["seconds"] == pytest.approx(2 * 8.03e9 * 64 / 1e12)
+
+
+def test_cache_sizes_are_bytes():
+    assert all(isinstance(v, int) and v > 0 for v in cache_sizes().values())
+
+
+def test_calibration_gives_finite_positive_constants():
+    machine = calibrate(out=None)
+    values = [machine.call, *machine.engine_call.values(), *(bw for _, bw in machine.ladder),
+              *machine.rates.values(), *machine.per_element.values()]
+    assert all(math.isfinite(v) and v >= 0 for v in values)
+    assert {p for p, _, _ in machine.rates} == {"numpy", "one-row batch", "kernel"}
