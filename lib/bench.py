@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from .corpus import held_out_prompts
-from .costmodel import H100_SXM, calibrate, predict, predict_decode
+from .costmodel import Predictions, calibrate, h100_line, lean_builder, plain_builder, predict, predict_calls
 from .timing import (matmul_gflops, median_time, memory_gbps, numpy_calls_per_step, paired,
                      read_gbps, single_thread, step_counts, stepper)
 
@@ -26,66 +26,6 @@ def _product_times(C, rows=(2, 5, 9)):
         a = rng.standard_normal((t, C + 1), np.float32)
         out[t] = {name: median_time(lambda: f(a, w), min_seconds=0.01) * 1e6 for name, f in CANDIDATES.items()}
     return out
-
-
-class Predictions:
-    """Every timing the cost model predicted in this run beside its measurement."""
-
-    def __init__(self, machine, out):
-        self.machine, self.out, self.points = machine, out, []  # (group, label, predicted, measured, Prediction)
-
-    def add(self, group, label, predicted, measured, prediction=None):
-        self.points.append((group, label, predicted, measured, prediction))
-
-    def errors(self) -> np.ndarray:
-        return np.array([p / m - 1 for _, _, p, m, _ in self.points])
-
-    def report(self):
-        errors = np.abs(self.errors())
-        self.out(f"\nthe cost model against every measurement of this run: {len(self.points)} points, "
-                 f"median |predicted / measured - 1| {np.median(errors):.0%}, worst {errors.max():.0%}")
-        for group in dict.fromkeys(g for g, *_ in self.points):
-            ratios = [p / m for g, _, p, m, _ in self.points if g == group]
-            self.out(f"  {group:34s} {len(ratios):3d} points, predicted / measured {min(ratios):.2f}..{max(ratios):.2f}")
-        self.out("  the worst five:")
-        for i in np.argsort(-errors)[:5]:
-            group, label, p, m, prediction = self.points[i]
-            where = f"  [{prediction}]" if prediction else ""
-            self.out(f"    {group}, {label}: predicted {p:.4g}, measured {m:.4g} ({p / m:.2f}){where}")
-
-
-def _plain(cfg):
-    """A step builder (params -> step(new_tokens, cache)) for the plain cached path."""
-    from .model import forward_cached
-    return lambda p: (lambda new, cache: forward_cached(p, cfg, new, cache))
-
-
-def _lean(cfg):
-    """A step builder for the lean path, counted with numpy's products (each product one call, whichever runs)."""
-    from .lean import LeanModel
-    return lambda p: LeanModel(p, cfg, products="numpy")
-
-
-def _predicted_calls(machine, builder, params, cfg, position, sizes, products=None, path="lean") -> dict:
-    """{T: Prediction} for cached calls over T tokens after `position`."""
-    counts = step_counts(builder, params, cfg, position, sizes)
-    return {T: predict(c, machine, products[T] if products and T in products else "numpy", path) for T, c in counts.items()}
-
-
-def h100_line(out=print) -> tuple:
-    """The data-sheet prediction for Llama-3.1-8B, bf16, batch 1, beside a published measurement:
-    torchao's quantization README (pytorch/ao, Oct 2024), "Base (bfloat16)": 126.90 tokens/s on
-    one H100 with torch.compile, batch 1, a 200-token generation after a short prompt."""
-    from .memory import from_hf_config
-    llama = from_hf_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                            "hidden_size": 4096}, "Llama-3.1-8B", 8.03e9)
-    step = predict_decode(llama, H100_SXM, batch=1, context=200)
-    measured = 1 / 126.90  # seconds per token, torchao README
-    out(f"\nLlama-3.1-8B, bf16, batch 1 on an {H100_SXM.name} ({H100_SXM.source}): predicted "
-        f"{step['seconds'] * 1e3:.2f} ms per token ({step['bound']}-bound: {step['weights'] / 1e9:.1f} GB of weights "
-        f"and {step['kv'] / 1e6:.0f} MB of K/V at {H100_SXM.bandwidth / 1e12:.2f} TB/s); published "
-        f"{measured * 1e3:.2f} ms (torchao, 126.90 tokens/s): {step['seconds'] / measured:.2f} of it")
-    return step["seconds"], measured
 
 
 def _goal_lines(goals, out):
@@ -127,8 +67,8 @@ def run(out=print):
         out("cached decode step of the target (ms)     plain     lean   lean/plain (paired)   predicted: plain     lean")
         for pos in (16, 64, 128, 256, 511):
             a, b, ratios[f"step_{pos}"] = paired(stepper(plain_t, tcfg, pos), stepper(lean_t, tcfg, pos))
-            pa = _predicted_calls(machine, _plain(tcfg), tp, tcfg, pos, (1,), path="plain")[1]
-            pb = _predicted_calls(machine, _lean(tcfg), tp, tcfg, pos, (1,), lean_t.products)[1]
+            pa = predict_calls(machine, plain_builder(tcfg), tp, tcfg, pos, (1,), path="plain")[1]
+            pb = predict_calls(machine, lean_builder(tcfg), tp, tcfg, pos, (1,), lean_t.products)[1]
             pred.add("decode step, plain", f"position {pos}", pa.seconds, a, pa)
             pred.add("decode step, lean", f"position {pos}", pb.seconds, b, pb)
             out(f"  position {pos:3d}                         {a * 1e3:7.3f}  {b * 1e3:7.3f}   {ratios[f'step_{pos}']:6.2f}"
@@ -146,7 +86,7 @@ def run(out=print):
                 for i in range(0, n, chunk):
                     plain_t(np.arange(i, min(i + chunk, n)) % tcfg.vocab_size, cache)
             a, b = median_time(lambda: fill(n), repeats=5), median_time(lambda: fill(1), repeats=3, warmup=1)
-            pa = _predicted_calls(machine, _plain(tcfg), tp, tcfg, 0, (n,), path="plain")[n]
+            pa = predict_calls(machine, plain_builder(tcfg), tp, tcfg, 0, (n,), path="plain")[n]
             pred.add("prefill, plain", f"{n} tokens", pa.seconds, a, pa)
             out(f"  {n:3d} tokens (plain path)             {a * 1e3:7.2f}   {b * 1e3:8.2f}  {b / a:5.1f}x   {pa.seconds * 1e3:7.2f}")
 
@@ -160,8 +100,8 @@ def run(out=print):
         out("\nV(T): a T-token call over a one-token call, position 64 (fastest of back-to-back pairs)")
         costs = {"tiny, numpy": call_costs(numpy_t, sizes), "tiny, measured choice": call_costs(lean_t, sizes)}
         large_cfg = STANDINS["12x768"]
-        counted = {"tiny": (step_counts(_lean(tcfg), tp, tcfg, 64, range(1, 10)), numpy_t, lean_t),
-                   "12x768 stand-in": (step_counts(_lean(large_cfg), standin_params(large_cfg), large_cfg, 64, range(1, 10)),)}
+        counted = {"tiny": (step_counts(lean_builder(tcfg), tp, tcfg, 64, range(1, 10)), numpy_t, lean_t),
+                   "12x768 stand-in": (step_counts(lean_builder(large_cfg), standin_params(large_cfg), large_cfg, 64, range(1, 10)),)}
         del numpy_t
         large = standin("12x768", products="numpy")
         costs["12x768 stand-in, numpy"] = call_costs(large, sizes, repeats=5)
@@ -193,7 +133,7 @@ def run(out=print):
         out("  decode step of each stand-in (ms): " + ", ".join(f"{n}" for n in STANDINS))
         for name, scfg in STANDINS.items():
             model = large if name == "12x768" else standin(name)
-            p = predict(step_counts(_lean(scfg), standin_params(scfg), scfg, 64)[1], machine, model.products[1], "lean") \
+            p = predict(step_counts(lean_builder(scfg), standin_params(scfg), scfg, 64)[1], machine, model.products[1], "lean") \
                 if name != "12x768" else predicted["12x768 stand-in, measured choice"][1]
             t = step_large if name == "12x768" else median_time(stepper(model, scfg, 64), repeats=5)
             pred.add("decode step, stand-ins", name, p.seconds, t, p)
@@ -205,7 +145,7 @@ def run(out=print):
         prompts, shadow = held_out_prompts(4), CostShadow(lean_t, large)
         # the model's V(k+1) and c for both regimes: the trained target, and the trained target run beside the stand-in
         tiny_p, large_p = predicted["tiny, measured choice"], predicted["12x768 stand-in, measured choice"]
-        draft_p = predict(step_counts(_lean(dcfg), dp, dcfg, 64)[1], machine, lean_d.products[1], "lean").seconds
+        draft_p = predict(step_counts(lean_builder(dcfg), dp, dcfg, 64)[1], machine, lean_d.products[1], "lean").seconds
         model_vc = {"": ({T: tiny_p[T].seconds / tiny_p[1].seconds for T in tiny_p}, draft_p / tiny_p[1].seconds),
                     "large_": ({T: (tiny_p[T].seconds + large_p[T].seconds) / (tiny_p[1].seconds + large_p[1].seconds)
                                 for T in tiny_p}, draft_p / (tiny_p[1].seconds + large_p[1].seconds))}

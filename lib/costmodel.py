@@ -24,13 +24,17 @@ configuration from `lib.memory`: t = max((weights + B x L x K/V bytes per token)
 2 N B / FLOP/s), as the inference chapter of the JAX scaling book (Austin et al. 2025) does on
 paper.
 """
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .timing import Op, OpCounts, median_time, single_thread
+from .config import ModelConfig
+from .kernels import MAX_ROWS, candidates
+from .lean import LeanModel
+from .memory import from_hf_config
+from .model import forward_cached, init_params
+from .timing import Op, OpCounts, median_time, single_thread, step_counts, stepper
 
 LADDER = (32 * 2**10, 256 * 2**10, 2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20, 256 * 2**20, 2**30)  # working sets probed
 RATE_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 64, 512)
@@ -91,6 +95,7 @@ class Prediction:
     """A predicted time in seconds and where it goes."""
     seconds: float
     parts: dict  # {"calls": s, "weight products": s, "attention products": s, "elementwise": s, "copies": s}
+    by_name: dict = field(default_factory=dict)  # {op name: s} beyond the fixed cost of its calls
 
     def __str__(self):
         parts = ", ".join(f"{k} {v * 1e6:.0f}" for k, v in self.parts.items() if v)
@@ -124,14 +129,9 @@ def _call_cost() -> float:
 def _engine_call_costs() -> dict:
     """Seconds per numpy call of a decode step of a model too small for its arithmetic or bytes to
     matter (2 layers of width 8): what a call costs with the engine's own Python around it."""
-    from .config import ModelConfig
-    from .lean import LeanModel
-    from .model import forward_cached, init_params
-    from .timing import step_counts, stepper
     cfg = ModelConfig(n_layer=2, n_head=2, n_kv_head=2, n_embd=8, block_size=32)
     params = init_params(cfg)
-    steps = {"plain": lambda p: (lambda new, cache: forward_cached(p, cfg, new, cache)),
-             "lean": lambda p: LeanModel(p, cfg, products="numpy")}
+    steps = {"plain": plain_builder(cfg), "lean": lean_builder(cfg)}
     return {path: median_time(stepper(build(params), cfg, 16), repeats=7, min_seconds=0.005)
             / len(step_counts(build, params, cfg, 16)[1].ops) for path, build in steps.items()}
 
@@ -153,7 +153,6 @@ def _read_rates(sizes) -> tuple:
 def _product_rates(call: float) -> dict:
     """FLOP/s of (rows, K) @ (K, N) with each product of `lib.kernels`, on weights of each size of
     RATE_LEVELS (K = 256; several matrices in turn for the large sizes, as a step reads its layers)."""
-    from .kernels import MAX_ROWS, candidates
     rng = np.random.default_rng(0)
     rates = {}
     for level in RATE_LEVELS:
@@ -218,19 +217,66 @@ def predict(counts, machine: Machine, product: str = "numpy", path: str = None) 
     ops = counts.ops if isinstance(counts, OpCounts) else counts
     ws = working_set(ops)
     parts = dict.fromkeys(("calls", "weight products", "attention products", "elementwise", "copies"), 0.0)
+    by_name = {}
     for op in ops:
         if op.kind == "matmul":
             if op.name == "weights":
-                parts["weight products"] += op.flops / machine.rate(op.rows, product, ws)
+                part, t = "weight products", op.flops / machine.rate(op.rows, product, ws)
             else:  # batched over heads: numpy's product, its K or V streaming with the step's working set
-                parts["attention products"] += max(op.streamed / machine.bandwidth(ws),
+                part, t = "attention products", max(op.streamed / machine.bandwidth(ws),
                                                     op.flops / machine.rate(op.rows, "numpy", op.streamed))
         elif op.kind == "ufunc":
-            parts["elementwise"] += max(op.flops * machine.element(op.name), op.bytes / machine.bandwidth(op.bytes))
+            part, t = "elementwise", max(op.flops * machine.element(op.name), op.bytes / machine.bandwidth(op.bytes))
         else:
-            parts["copies"] += op.bytes / machine.bandwidth(op.bytes)
+            part, t = "copies", op.bytes / machine.bandwidth(op.bytes)
+        parts[part] += t
+        by_name[op.name] = by_name.get(op.name, 0.0) + t
     parts["calls"] = len(ops) * (machine.engine_call[path] if path else machine.call)
-    return Prediction(sum(parts.values()), parts)
+    return Prediction(sum(parts.values()), parts, by_name)
+
+
+# ----------------------------------------------------------------------------- predicted against measured
+
+class Predictions:
+    """Every timing the cost model predicted in this run beside its measurement."""
+
+    def __init__(self, machine, out):
+        self.machine, self.out, self.points = machine, out, []  # (group, label, predicted, measured, Prediction)
+
+    def add(self, group, label, predicted, measured, prediction=None):
+        self.points.append((group, label, predicted, measured, prediction))
+
+    def errors(self) -> np.ndarray:
+        return np.array([p / m - 1 for _, _, p, m, _ in self.points])
+
+    def report(self):
+        errors = np.abs(self.errors())
+        self.out(f"\nthe cost model against every measurement of this run: {len(self.points)} points, "
+                 f"median |predicted / measured - 1| {np.median(errors):.0%}, worst {errors.max():.0%}")
+        for group in dict.fromkeys(g for g, *_ in self.points):
+            ratios = [p / m for g, _, p, m, _ in self.points if g == group]
+            self.out(f"  {group:34s} {len(ratios):3d} points, predicted / measured {min(ratios):.2f}..{max(ratios):.2f}")
+        self.out("  the worst five:")
+        for i in np.argsort(-errors)[:5]:
+            group, label, p, m, prediction = self.points[i]
+            where = f"  [{prediction}]" if prediction else ""
+            self.out(f"    {group}, {label}: predicted {p:.4g}, measured {m:.4g} ({p / m:.2f}){where}")
+
+
+def plain_builder(cfg):
+    """A step builder (params -> step(new_tokens, cache)) for the plain cached path."""
+    return lambda p: (lambda new, cache: forward_cached(p, cfg, new, cache))
+
+
+def lean_builder(cfg):
+    """A step builder for the lean path, counted with numpy's products (each product one call, whichever runs)."""
+    return lambda p: LeanModel(p, cfg, products="numpy")
+
+
+def predict_calls(machine, builder, params, cfg, position, sizes, products=None, path="lean") -> dict:
+    """{T: Prediction} for cached calls over T tokens after `position`."""
+    counts = step_counts(builder, params, cfg, position, sizes)
+    return {T: predict(c, machine, products[T] if products and T in products else "numpy", path) for T, c in counts.items()}
 
 
 # ----------------------------------------------------------------------------- accelerators
@@ -257,3 +303,19 @@ def predict_decode(spec, gpu: Accelerator, batch: int = 1, context: int = 1024, 
     compute = 2 * spec.n_params * batch / gpu.flops
     return {"seconds": max(memory, compute), "memory": memory, "compute": compute,
             "weights": weights, "kv": kv, "bound": "memory" if memory >= compute else "compute"}
+
+
+def h100_line(out=print) -> tuple:
+    """The data-sheet prediction for Llama-3.1-8B, bf16, batch 1, beside a published measurement:
+    torchao's quantization README (pytorch/ao, Oct 2024), "Base (bfloat16)": 126.90 tokens/s on
+    one H100 with torch.compile, batch 1, a 200-token generation after a short prompt."""
+    llama = from_hf_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                            "hidden_size": 4096}, "Llama-3.1-8B", 8.03e9)
+    step = predict_decode(llama, H100_SXM, batch=1, context=200)
+    measured = 1 / 126.90  # seconds per token, torchao README
+    if out:
+        out(f"\nLlama-3.1-8B, bf16, batch 1 on an {H100_SXM.name} ({H100_SXM.source}): predicted "
+            f"{step['seconds'] * 1e3:.2f} ms per token ({step['bound']}-bound: {step['weights'] / 1e9:.1f} GB of weights "
+            f"and {step['kv'] / 1e6:.0f} MB of K/V at {H100_SXM.bandwidth / 1e12:.2f} TB/s); published "
+            f"{measured * 1e3:.2f} ms (torchao, 126.90 tokens/s): {step['seconds'] / measured:.2f} of it")
+    return step["seconds"], measured

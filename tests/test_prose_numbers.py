@@ -91,6 +91,9 @@ QUOTED = {
         # them under these names; the lead adds those chapters to this test)
         "256": "one_call_256", "0.7": "_07",  # e.g. best_speedup_07, big_07_speedup
     },
+    "12_lean_engine.ipynb": {
+        "1,905": "torchao",  # the bandwidth its benchmark achieved (pytorch/ao quantization README)
+    },
     "summary.md": {
         "256": "one_call_256", "0.7": "_07",  # as in chapter 11
     },
