@@ -2,22 +2,25 @@
 
 A step is a sequence of numpy calls (`lib.timing.count_ops` records each one as an `Op`). The
 model charges every call a fixed cost (Python, numpy's dispatch and the allocation of its
-result), and on top of it the larger of two times, as the roofline model does (Williams et al.
-2009):
+result), and on top of it the time of its work, where a roofline (Williams et al. 2009) sets it
+by the larger of reading and computing:
 
-- a matrix product: the bytes of its second operand (a weight matrix, or the cached K or V)
-  at the read bandwidth of the memory level that holds the step's whole working set, against
-  its FLOPs at the rate a product of that many rows reaches on this machine;
+- a weight product: its FLOPs at the rate measured on this machine for that product (numpy's,
+  a batch of one-row products, the small-rows kernel), row count and weight size, a rate that
+  includes streaming the weights from the level that holds the step's working set;
+- an attention product: the bytes of the cached K or V at the read bandwidth of that level,
+  against its FLOPs at numpy's rate;
 - an elementwise call or reduction: its elements at this machine's cost per element (a
   transcendental such as exp or tanh costs more than an add), against its bytes at the bandwidth
   of the level that holds them;
 - any other call (a copy, a concatenation): its bytes at that bandwidth.
 
-`calibrate()` measures the constants once, single-threaded, in a few seconds: the fixed cost
-of a call, read bandwidth by working-set size (from the first-level cache to far beyond the
-last), and the FLOP/s of a weight product by row count with each product the engine can choose
-(numpy's, a batch of one-row products, the small-rows kernel of `lib.kernels`). One set of
-constants serves every prediction of a run: nothing is tuned per point.
+`calibrate()` measures the constants once, single-threaded, in about ten seconds: the fixed
+cost of a call (alone, and inside each engine path), read bandwidth by working-set size (32 KiB
+to 1 GiB, with the cache sizes the system reports), the FLOP/s of a weight product by row count
+and weight size with each product the engine can choose (numpy's, a batch of one-row products,
+the small-rows kernel of `lib.kernels`), and the cost per element of each elementwise function.
+One set of constants serves every prediction of a run: nothing is tuned per point.
 
 The same arithmetic with a GPU's data-sheet constants (`H100_SXM`) gives a decode step of a real
 configuration from `lib.memory`: t = max((weights + B x L x K/V bytes per token) / bandwidth,
@@ -305,17 +308,22 @@ def predict_decode(spec, gpu: Accelerator, batch: int = 1, context: int = 1024, 
             "weights": weights, "kv": kv, "bound": "memory" if memory >= compute else "compute"}
 
 
+# Llama-3.1-8B's parameters that a decode step reads: all 8.03e9 but the input embedding
+# (128,256 x 4,096, config.json), whose rows are gathered, not read (torchao counts the same: 15.01 GB).
+LLAMA_READ_PARAMS = 8.03e9 - 128256 * 4096
+
+
 def h100_line(out=print) -> tuple:
     """The data-sheet prediction for Llama-3.1-8B, bf16, batch 1, beside a published measurement:
     torchao's quantization README (pytorch/ao, Oct 2024), "Base (bfloat16)": 126.90 tokens/s on
     one H100 with torch.compile, batch 1, a 200-token generation after a short prompt."""
     llama = from_hf_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                            "hidden_size": 4096}, "Llama-3.1-8B", 8.03e9)
+                            "hidden_size": 4096}, "Llama-3.1-8B", LLAMA_READ_PARAMS)
     step = predict_decode(llama, H100_SXM, batch=1, context=200)
     measured = 1 / 126.90  # seconds per token, torchao README
     if out:
         out(f"\nLlama-3.1-8B, bf16, batch 1 on an {H100_SXM.name} ({H100_SXM.source}): predicted "
-            f"{step['seconds'] * 1e3:.2f} ms per token ({step['bound']}-bound: {step['weights'] / 1e9:.1f} GB of weights "
+            f"{step['seconds'] * 1e3:.2f} ms per token ({step['bound']}-bound: {step['weights'] / 1e9:.2f} GB of weights "
             f"and {step['kv'] / 1e6:.0f} MB of K/V at {H100_SXM.bandwidth / 1e12:.2f} TB/s); published "
             f"{measured * 1e3:.2f} ms (torchao, 126.90 tokens/s): {step['seconds'] / measured:.2f} of it")
     return step["seconds"], measured
