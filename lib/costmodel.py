@@ -192,19 +192,23 @@ def calibrate(out=print) -> Machine:
 
 
 def describe(m: Machine) -> str:
+    """The constants, a few to a line."""
+    def rows_of(items, per_line=5, indent="  "):
+        return "\n".join(indent + ", ".join(items[k:k + per_line]) for k in range(0, len(items), per_line))
     caches = ", ".join(f"{k} {v / 2**10:,.0f} KiB" for k, v in m.caches.items()) or "not reported"
-    ladder = ", ".join(f"{s / 2**20:g} MiB {bw / 1e9:.0f}" for s, bw in m.ladder)
-    lines = [f"caches (system): {caches}",
-             f"fixed cost of a numpy call: {m.call * 1e6:.2f} us alone; with the engine's Python around it: "
-             + ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in m.engine_call.items()),
-             f"read GB/s by working set: {ladder}",
-             "product GFLOP/s by rows, weights of " + ", ".join(f"{s / 2**20:g}" for s in RATE_LEVELS) + " MiB:"]
+    lines = [f"caches (as the system reports them): {caches}",
+             f"a numpy call: {m.call * 1e6:.2f} us alone; in the engine: "
+             + ", ".join(f"{k} {v * 1e6:.2f}" for k, v in m.engine_call.items()) + " us",
+             "read GB/s by working set:",
+             rows_of([f"{s / 2**20:g} MiB {bw / 1e9:.0f}" for s, bw in m.ladder], 4),
+             "product GFLOP/s by rows, weights of " + " / ".join(f"{s / 2**20:g}" for s in RATE_LEVELS) + " MiB:"]
     for product in ("numpy", "one-row batch", "kernel"):
         rows = sorted({r for p, r, _ in m.rates if p == product})
-        lines.append(f"  {product:14s}" + "  ".join(
-            f"{r}:" + "/".join(f"{m.rates[product, r, s] / 1e9:.0f}" for s in RATE_LEVELS if (product, r, s) in m.rates)
-            for r in rows))
-    lines.append("elementwise ns per element: " + ", ".join(f"{k} {v * 1e9:.2f}" for k, v in m.per_element.items()))
+        lines.append(f"  {product}:")
+        lines.append(rows_of([f"{r}: " + "/".join(f"{m.rates[product, r, s] / 1e9:.0f}" for s in RATE_LEVELS
+                                                  if (product, r, s) in m.rates) for r in rows], 6, "    "))
+    lines.append("elementwise ns per element:")
+    lines.append(rows_of([f"{k} {v * 1e9:.2f}" for k, v in m.per_element.items()], 6))
     return "\n".join(lines)
 
 
