@@ -133,7 +133,7 @@ def run(out=print):
         out("  decode step of each stand-in (ms): " + ", ".join(f"{n}" for n in STANDINS))
         for name, scfg in STANDINS.items():
             model = large if name == "12x768" else standin(name)
-            p = predict(step_counts(lean_builder(scfg), standin_params(scfg), scfg, 64)[1], machine, model.products[1], "lean") \
+            p = predict_calls(machine, lean_builder(scfg), standin_params(scfg), scfg, 64, (1,), model.products)[1] \
                 if name != "12x768" else predicted["12x768 stand-in, measured choice"][1]
             t = step_large if name == "12x768" else median_time(stepper(model, scfg, 64), repeats=5)
             pred.add("decode step, stand-ins", name, p.seconds, t, p)
@@ -145,7 +145,7 @@ def run(out=print):
         prompts, shadow = held_out_prompts(4), CostShadow(lean_t, large)
         # the model's V(k+1) and c for both regimes: the trained target, and the trained target run beside the stand-in
         tiny_p, large_p = predicted["tiny, measured choice"], predicted["12x768 stand-in, measured choice"]
-        draft_p = predict(step_counts(lean_builder(dcfg), dp, dcfg, 64)[1], machine, lean_d.products[1], "lean").seconds
+        draft_p = predict_calls(machine, lean_builder(dcfg), dp, dcfg, 64, (1,), lean_d.products)[1].seconds
         model_vc = {"": ({T: tiny_p[T].seconds / tiny_p[1].seconds for T in tiny_p}, draft_p / tiny_p[1].seconds),
                     "large_": ({T: (tiny_p[T].seconds + large_p[T].seconds) / (tiny_p[1].seconds + large_p[1].seconds)
                                 for T in tiny_p}, draft_p / (tiny_p[1].seconds + large_p[1].seconds))}

@@ -37,7 +37,7 @@ from .kernels import MAX_ROWS, candidates
 from .lean import LeanModel
 from .memory import from_hf_config
 from .model import forward_cached, init_params
-from .timing import Op, OpCounts, median_time, single_thread, step_counts, stepper
+from .timing import OpCounts, median_time, single_thread, step_counts, stepper
 
 LADDER = (32 * 2**10, 256 * 2**10, 2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20, 256 * 2**20, 2**30)  # working sets probed
 RATE_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 64, 512)
