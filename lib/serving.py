@@ -273,7 +273,7 @@ class StepCost:
 def fit_step_cost(lean, positions, sizes=(1, 2, 4, 8, 16, 32), chunks=(16, 48), repeats: int = 5) -> StepCost:
     """Fit `StepCost` by least squares to median step times measured now: decode steps of B
     sequences at `positions[:B]` for B in `sizes`, and one sequence fed a prompt chunk of each
-    length in `chunks` (whose prompt tokens are `chunk - 1` more than a decode step's one)."""
+    length in `chunks` (counted as that many prompt tokens, as `serve` counts a prefill)."""
     if len(positions) < max(sizes):
         raise ValueError(f"positions holds {len(positions)} sequences, sizes go up to {max(sizes)}")
     engine, rows, times = BatchedModel(lean), [], []
