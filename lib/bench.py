@@ -97,7 +97,7 @@ def run(out=print):
         out(f"\n256-token greedy generation: no cache {t_none:.3f} s, plain cache {t_plain:.3f} s, lean cache "
             f"{t_lean:.3f} s ({t_none / t_lean:.0f}x and {t_plain / t_lean:.1f}x faster)")
 
-        out("\nV(T): a T-token call over a one-token call, position 64 (fastest of back-to-back pairs)")
+        out("\nV(T): a T-token call over a one-token call, position 64 (median of back-to-back pairs)")
         costs = {"tiny, numpy": call_costs(numpy_t, sizes), "tiny, measured choice": call_costs(lean_t, sizes)}
         large_cfg = STANDINS["12x768"]
         counted = {"tiny": (step_counts(lean_builder(tcfg), tp, tcfg, 64, range(1, 10)), numpy_t, lean_t),

@@ -13,36 +13,56 @@ import numpy as np
 from .timing import paired_times, stepper
 from .generate import generate
 from .lean import cached_step
+from .model import forward
+from .sampling import check_temperature, probs_from_logits
 from .speculative import expected_speedup, expected_tokens_per_call, speculative_generate
 
 
-def _fastest_ratio(baseline, candidate, repeats):
-    """Fastest candidate time over fastest baseline time, from `repeats` back-to-back pairs: on a
-    busy machine the fastest run of each is the least disturbed (timeit's rule), so these ratios
-    stay ordered where medians of disturbed runs swap. Returns (baseline seconds, ratio)."""
+def _median_ratio(baseline, candidate, repeats):
+    """Candidate time over baseline time in `repeats` back-to-back pairs: (the median baseline
+    seconds, the median of the pairs' ratios), taken the same way as the sweep's speed-ups, so a
+    slow drift of the machine's speed cancels within each pair."""
     times = paired_times(baseline, candidate, repeats, min_seconds=0.01)  # (repeats, 2)
-    fastest = times.min(axis=0)
-    return float(fastest[0]), float(fastest[1] / fastest[0])
+    return float(np.median(times[:, 0])), float(np.median(times[:, 1] / times[:, 0]))
 
 
 def call_costs(model, sizes, position: int = 64, repeats: int = 9) -> dict:
     """V(T): the time of a T-token call after `position` cached tokens over a one-token call,
-    each timed in back-to-back pairs with a one-token call: {T: ratio}, and under key 0 the
-    one-token call's seconds."""
+    each the median ratio of back-to-back pairs with a one-token call: {T: ratio}, and under key 0
+    the one-token call's seconds (the median of its timings in the first pairs)."""
     cfg = cached_step(model)[0]
     one = stepper(model, cfg, position)
-    costs = {0: float("inf"), 1: 1.0}
+    costs = {1: 1.0}
     for T in sizes:
         if T > 1:
-            seconds, costs[T] = _fastest_ratio(one, stepper(model, cfg, position, T), repeats)
-            costs[0] = min(costs[0], seconds)
+            seconds, costs[T] = _median_ratio(one, stepper(model, cfg, position, T), repeats)
+            costs.setdefault(0, seconds)
     return costs
 
 
 def draft_cost(target, draft, position: int = 64, repeats: int = 9) -> float:
-    """c: a one-token draft call over a one-token target call, timed in back-to-back pairs."""
-    return _fastest_ratio(stepper(target, cached_step(target)[0], position),
+    """c: a one-token draft call over a one-token target call, the median ratio of back-to-back pairs."""
+    return _median_ratio(stepper(target, cached_step(target)[0], position),
                           stepper(draft, cached_step(draft)[0], position), repeats)[1]
+
+
+def acceptance_on_text(target, draft, tokens, temperatures, window: int = 512) -> dict:
+    """alpha predicted without generating, {temperature: alpha}: the mean over the positions of
+    `tokens` of beta = sum_x min(p(x), q(x)) = 1 - TVD(p, q) (Leviathan et al. 2023, Theorem 3.5
+    and Corollary 3.6), p and q the target's and the draft's next-token distributions at each
+    temperature (at 0, one-hot argmaxes: beta is 1 where they agree). target and draft are
+    (params, cfg) pairs; the text is read in windows of `window` tokens."""
+    for temperature in temperatures:
+        check_temperature(temperature)
+    tokens = np.asarray(tokens)
+    betas = {temperature: [] for temperature in temperatures}
+    for start in range(0, len(tokens), window):
+        chunk = tokens[start:start + window]
+        z_p, z_q = forward(*target, chunk), forward(*draft, chunk)  # (T, V) each
+        for temperature in temperatures:
+            p, q = probs_from_logits(z_p, temperature), probs_from_logits(z_q, temperature)  # (T, V)
+            betas[temperature].append(np.minimum(p, q).sum(axis=-1))  # (T,)
+    return {temperature: float(np.concatenate(b).mean()) for temperature, b in betas.items()}
 
 
 def tokens_per_call_distribution(stats) -> np.ndarray:
