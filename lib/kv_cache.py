@@ -13,6 +13,34 @@ from . import quant
 from .config import ModelConfig, is_int
 
 DTYPES = ("float32", "float16", "fp8", "int8", "int4")
+STORED = {"float32": np.float32, "float16": np.float16, "fp8": np.uint8, "int8": np.int8, "int4": np.uint8}  # int4: 2 per byte
+
+
+def storage(cfg: ModelConfig, dtype, granularity: str):
+    """(kind, granularity or None, stored numpy dtype, values per position and head as stored) of a
+    cache of `dtype` (a name of DTYPES or a numpy dtype), checked: the one rule for every K/V store."""
+    kind = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    if kind not in DTYPES:
+        raise ValueError(f"KV cache dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if kind in quant.QMAX and granularity not in quant.GRANULARITIES:
+        raise ValueError(f"granularity must be one of {', '.join(quant.GRANULARITIES)}, got {granularity!r}")
+    if kind == "int4" and cfg.head_dim % 2:
+        raise ValueError(f"int4 packs two codes per byte: head_dim {cfg.head_dim} must be even")
+    width = cfg.head_dim // 2 if kind == "int4" else cfg.head_dim
+    return kind, granularity if kind in quant.QMAX else None, np.dtype(STORED[kind]), width
+
+
+def fixed_scales(cfg: ModelConfig, kind: str, granularity: str, calibration):
+    """Per layer, the fixed K and V scales of 'head' ((Hkv, 1, 1)) or 'tensor' ((1, 1, 1)) granularity,
+    from `calibration` = lib.quant.calibrate(params, cfg, tokens)."""
+    if calibration is None:
+        raise ValueError(f"granularity {granularity!r} needs fixed scales: pass "
+                         f"calibration=lib.quant.calibrate(params, cfg, tokens)")
+    k_max, v_max = calibration
+    if np.shape(k_max) != (cfg.n_layer, cfg.n_kv_head) or np.shape(v_max) != (cfg.n_layer, cfg.n_kv_head):
+        raise ValueError(f"calibration has shapes {np.shape(k_max)} and {np.shape(v_max)}, "
+                         f"expected {(cfg.n_layer, cfg.n_kv_head)} each")
+    return quant.static_scales(k_max, granularity, kind), quant.static_scales(v_max, granularity, kind)
 
 
 class KVCache:
@@ -21,18 +49,9 @@ class KVCache:
         max_len = cfg.block_size if max_len is None else max_len
         if not is_int(max_len) or not 1 <= max_len <= cfg.block_size:
             raise ValueError(f"max_len must be an integer in 1..{cfg.block_size} (block_size), got {max_len!r}")
-        kind = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
-        if kind not in DTYPES:
-            raise ValueError(f"KV cache dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-        self.cfg, self.max_len, self.kind, self.n = cfg, int(max_len), kind, 0
-        self.granularity = granularity if kind in quant.QMAX else None
-        D = cfg.head_dim
-        if kind == "int4" and D % 2:
-            raise ValueError(f"int4 packs two codes per byte: head_dim {D} must be even")
-        store = {"float32": (np.float32, D), "float16": (np.float16, D), "fp8": (np.uint8, D),  # e4m3 bit patterns
-                 "int8": (np.int8, D), "int4": (np.uint8, D // 2)}
-        self.dtype = np.dtype(store[kind][0])
-        shape = (cfg.n_kv_head, self.max_len, store[kind][1])
+        self.cfg, self.max_len, self.n = cfg, int(max_len), 0
+        self.kind, self.granularity, self.dtype, width = storage(cfg, dtype, granularity)
+        shape = (cfg.n_kv_head, self.max_len, width)
         self.k = [np.zeros(shape, self.dtype) for _ in range(cfg.n_layer)]  # per layer (Hkv, max_len, D or D/2)
         self.v = [np.zeros(shape, self.dtype) for _ in range(cfg.n_layer)]
         self.k_scale = self.v_scale = []  # quantized only: per layer, see _init_scales
@@ -40,21 +59,12 @@ class KVCache:
             self._init_scales(calibration)
 
     def _init_scales(self, calibration):
-        if self.granularity not in quant.GRANULARITIES:
-            raise ValueError(f"granularity must be one of {', '.join(quant.GRANULARITIES)}, got {self.granularity!r}")
         if self.granularity == "position":  # (Hkv, max_len, 1) float16, filled on write
             shape = (self.cfg.n_kv_head, self.max_len, 1)
             self.k_scale = [np.zeros(shape, np.float16) for _ in range(self.cfg.n_layer)]
             self.v_scale = [np.zeros(shape, np.float16) for _ in range(self.cfg.n_layer)]
             return
-        if calibration is None:
-            raise ValueError(f"granularity {self.granularity!r} needs fixed scales: pass "
-                             f"calibration=lib.quant.calibrate(params, cfg, tokens)")
-        k_max, v_max = calibration
-        if np.shape(k_max) != (self.cfg.n_layer, self.cfg.n_kv_head):
-            raise ValueError(f"calibration has shape {np.shape(k_max)}, expected {(self.cfg.n_layer, self.cfg.n_kv_head)}")
-        self.k_scale = quant.static_scales(k_max, self.granularity, self.kind)
-        self.v_scale = quant.static_scales(v_max, self.granularity, self.kind)
+        self.k_scale, self.v_scale = fixed_scales(self.cfg, self.kind, self.granularity, calibration)
 
     def check_room(self, count: int) -> None:
         """Raise before anything is written if `count` more positions do not fit."""

@@ -19,7 +19,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import quant
 from .config import ModelConfig, is_int
+from .kv_cache import fixed_scales, storage
 from .model import check_tokens
 
 
@@ -265,26 +267,73 @@ class BlockManager:
 
 
 class PagedKVCache:
-    """The block pool: per layer K and V as (num_blocks, Hkv, block_size, D), and its manager."""
+    """The block pool: per layer K and V as (num_blocks, Hkv, block_size, D), and its manager.
 
-    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int = 16, prefix_caching: bool = True):
+    dtype and granularity as for `lib.kv_cache.KVCache`: quantized pools store codes (int4: D/2
+    bytes) and, per layer, scales as (num_blocks, Hkv, block_size) float32 for 'position' (each
+    slot's float16 scale, set when it is written) or (1, Hkv, 1) / (1, 1, 1) for 'head' / 'tensor'
+    (fixed from a calibration); unquantized pools keep scales of one, (1, 1, 1)."""
+
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int = 16, prefix_caching: bool = True,
+                 dtype="float32", granularity: str = "position", calibration=None):
         if not isinstance(cfg, ModelConfig):
             raise TypeError(f"cfg must be a lib.config.ModelConfig, got {type(cfg).__name__}")
         self.cfg = cfg
+        self.kind, self.granularity, stored, width = storage(cfg, dtype, granularity)
         self.manager = BlockManager(num_blocks, block_size, prefix_caching)
-        shape = (self.manager.num_blocks, cfg.n_kv_head, self.manager.block_size, cfg.head_dim)
-        self.k = [np.zeros(shape, np.float32) for _ in range(cfg.n_layer)]
-        self.v = [np.zeros(shape, np.float32) for _ in range(cfg.n_layer)]
+        shape = (self.manager.num_blocks, cfg.n_kv_head, self.manager.block_size, width)
+        self.k = [np.zeros(shape, stored) for _ in range(cfg.n_layer)]
+        self.v = [np.zeros(shape, stored) for _ in range(cfg.n_layer)]
+        if self.granularity == "position":
+            self.k_scale = [np.ones(shape[:3], np.float32) for _ in range(cfg.n_layer)]  # (blocks, Hkv, bs)
+            self.v_scale = [np.ones(shape[:3], np.float32) for _ in range(cfg.n_layer)]
+        elif self.granularity is not None:
+            k_fixed, v_fixed = fixed_scales(cfg, self.kind, self.granularity, calibration)
+            self.k_scale = [s.reshape(1, -1, 1) for s in k_fixed]  # (1, Hkv or 1, 1)
+            self.v_scale = [s.reshape(1, -1, 1) for s in v_fixed]
+        else:
+            self.k_scale = self.v_scale = [np.ones((1, 1, 1), np.float32)] * cfg.n_layer
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k + self.v)
+        """Bytes of the K/V codes and of their per-slot scales (fixed scales are a few bytes, not counted)."""
+        scales = self.k_scale + self.v_scale if self.granularity == "position" else []
+        return sum(a.nbytes for a in self.k + self.v + scales)
 
     def _apply_copies(self):
+        per_slot = self.k + self.v + (self.k_scale + self.v_scale if self.granularity == "position" else [])
         for src, dst in self.manager.copies:
-            for a in self.k + self.v:
+            for a in per_slot:
                 a[dst] = a[src]
         self.manager.copies.clear()
+
+    def store(self, layer, blocks, offsets, k, v):
+        """Write K, V (T, Hkv, D) of T positions into slots (blocks[t], offsets[t]), quantized as the pool is."""
+        for x, codes, scales in ((k, self.k, self.k_scale), (v, self.v, self.v_scale)):
+            if self.granularity is None:
+                codes[layer][blocks, :, offsets] = x  # float16: cast on assignment
+                continue
+            if self.granularity == "position":
+                s = quant.position_scales(x, self.kind).astype(np.float32)  # (T, Hkv, 1)
+                scales[layer][blocks, :, offsets] = s[..., 0]
+            else:
+                s = scales[layer].reshape(-1, 1)  # (Hkv or 1, 1): broadcasts over (T, Hkv, D)
+            codes[layer][blocks, :, offsets] = quant.quantize(x, s, self.kind)
+
+    def load(self, layer, blocks, end):
+        """K, V of the first `end` positions of the blocks listed, as float32 (Hkv, end, D) each."""
+        Hkv, D = self.cfg.n_kv_head, self.cfg.head_dim
+        def gather(pool):  # (blocks, Hkv, bs, ...) -> (Hkv, end, ...)
+            return pool[blocks].transpose(1, 0, 2, *range(3, pool.ndim)).reshape(Hkv, -1, *pool.shape[3:])[:, :end]
+        out = []
+        for codes, scales in ((self.k, self.k_scale), (self.v, self.v_scale)):
+            c = gather(codes[layer])  # (Hkv, end, D or D/2)
+            if self.granularity is None:
+                out.append(c if self.kind == "float32" else c.astype(np.float32))
+                continue
+            s = gather(scales[layer])[..., None] if self.granularity == "position" else scales[layer][0][:, :, None]
+            out.append(quant.dequantize(c, s, self.kind))  # (Hkv, end, D)
+        return out[0], out[1]
 
     def add(self, seq_id, prompt) -> "PagedSequence":
         """Allocate a sequence for a prompt; its `n` says how many prompt positions are already cached."""
@@ -356,15 +405,11 @@ class PagedSequence:
     def write(self, layer, k, v):
         """Scatter K, V (Hkv, T, D) of positions n..n+T-1 into their blocks."""
         blocks, offsets = self._slots(self.n, self.n + k.shape[1])
-        self.pool.k[layer][blocks, :, offsets] = k.transpose(1, 0, 2)  # (T, Hkv, D)
-        self.pool.v[layer][blocks, :, offsets] = v.transpose(1, 0, 2)
+        self.pool.store(layer, blocks, offsets, k.transpose(1, 0, 2), v.transpose(1, 0, 2))  # (T, Hkv, D)
 
     def read(self, layer, end):
-        """Gather K, V of positions 0..end-1 through the block table: (Hkv, end, D) each."""
-        bs = self.pool.manager.block_size
-        blocks = self.block_table[:-(-end // bs)]
-        gather = lambda pool: pool[layer][blocks].transpose(1, 0, 2, 3).reshape(self.cfg.n_kv_head, -1, self.cfg.head_dim)[:, :end]
-        return gather(self.pool.k), gather(self.pool.v)
+        """Gather K, V of positions 0..end-1 through the block table: (Hkv, end, D) each, float32."""
+        return self.pool.load(layer, self.block_table[:-(-end // self.pool.manager.block_size)], end)
 
     def advance(self, count):
         self.pool.manager.computed[self.seq_id] += count

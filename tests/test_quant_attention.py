@@ -1,0 +1,60 @@
+"""The fused quantized read: paged attention straight from codes and scales equals dequantizing the
+cache to float32 first and then attending, for every dtype and scale granularity; a batched step
+on a quantized pool equals decoding each sequence alone through the same pool's float32 read."""
+import numpy as np
+import pytest
+
+from lib import quant
+from lib.batch import BatchedModel, attend_paged
+from lib.kv_cache import DTYPES
+from lib.lean import LeanModel
+from lib.model import attention, forward_cached
+from lib.paged import PagedKVCache
+
+from conftest import GQA, perturbed_params
+
+KINDS = [(kind, g) for kind in DTYPES for g in (quant.GRANULARITIES if kind in quant.QMAX else ("position",))]
+PARAMS = perturbed_params(GQA, seed=7)
+
+
+def _pool(kind, granularity, num_blocks=12, block_size=4):
+    calibration = quant.calibrate(PARAMS, GQA, np.arange(40) % GQA.vocab_size)
+    return PagedKVCache(GQA, num_blocks, block_size, dtype=kind, granularity=granularity, calibration=calibration)
+
+
+@pytest.mark.parametrize("kind,granularity", KINDS)
+def test_fused_read_equals_dequantize_then_attend(kind, granularity):
+    rng = np.random.default_rng(0)
+    pool, lengths = _pool(kind, granularity), (5, 13, 1)
+    seqs = [pool.add(b, np.arange(n) % GQA.vocab_size) for b, n in enumerate(lengths)]
+    Hkv, H, D = GQA.n_kv_head, GQA.n_head, GQA.head_dim
+    for seq, n in zip(seqs, lengths):  # random K/V in every layer, through the pool's own quantizing write
+        blocks, offsets = seq._slots(0, n)
+        for layer in range(GQA.n_layer):
+            pool.store(layer, blocks, offsets, *rng.standard_normal((2, n, Hkv, D)).astype(np.float32))
+    width = max(len(s.block_table) for s in seqs)
+    tables = np.array([s.block_table + [0] * (width - len(s.block_table)) for s in seqs])  # (B, width)
+    seq, pos = np.array([0, 1, 1, 2]), np.array([4, 11, 12, 0])  # rows: a sequence and the position each sees up to
+    q = rng.standard_normal((len(seq), H, D)).astype(np.float32)  # (R, H, D)
+    for layer in range(GQA.n_layer):
+        fused = attend_paged(q, pool, layer, tables, seq, pos, 1 / np.sqrt(D))  # (R, H, D)
+        for r, (b, p) in enumerate(zip(seq, pos)):
+            k, v = pool.load(layer, seqs[b].block_table, p + 1)  # (Hkv, p+1, D) float32, dequantized
+            expected = attention(q[r][:, None], k, v)[:, 0]  # (H, D)
+            np.testing.assert_allclose(fused[r], expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("kind,granularity", KINDS)
+def test_batched_step_on_a_quantized_pool_equals_each_sequence_alone(kind, granularity):
+    """From the same cached codes, one batched step (the kernel's fused read) and each sequence's
+    step alone (the pool's float32 read, then lib.model's attention) give the same logits."""
+    model, new = LeanModel(PARAMS, GQA), [[1], [2], [3]]
+    prompts = [np.arange(n) % GQA.vocab_size for n in (7, 3, 10)]
+    pool = _pool(kind, granularity, num_blocks=24)
+    seqs = [pool.add(b, p) for b, p in enumerate(prompts)]
+    BatchedModel(model).feed(seqs, prompts)
+    batched = BatchedModel(model).feed(seqs, new)
+    for seq, p in zip(seqs, prompts):
+        seq.truncate(len(p))
+    for seq, token, logits in zip(seqs, new, batched):
+        np.testing.assert_allclose(logits, seq.feed(token, model), rtol=1e-4, atol=1e-4)
