@@ -39,7 +39,8 @@ from .memory import from_hf_config
 from .model import forward_cached, init_params
 from .timing import OpCounts, median_time, single_thread, step_counts, stepper
 
-LADDER = (32 * 2**10, 256 * 2**10, 2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20, 256 * 2**20, 2**30)  # working sets probed
+LADDER = (32 * 2**10, 256 * 2**10, 2**20, 3 * 2**19, 2 * 2**20, 3 * 2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20,
+          256 * 2**20, 2**30)  # working sets probed; dense around the common L2 sizes, where the rate falls
 RATE_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 64, 512)
 RATE_LEVELS = (256 * 2**10, 16 * 2**20, 256 * 2**20)  # weight sizes the products are timed on: in L2, L3, memory
 LARGE_ROWS = 16  # from this many rows on, products are timed in L2 only (compute-bound wherever the weight is)
