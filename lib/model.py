@@ -209,32 +209,49 @@ def save(params, cfg: ModelConfig, name: str, metadata: dict, folder=WEIGHTS_DIR
     return folder / f"{name}.npz"
 
 
+def _weights_path(name, folder, suffix) -> Path:
+    """folder / <name><suffix>, with name a file stem and folder a path."""
+    if not isinstance(name, str) or not name or "/" in name:
+        raise TypeError(f"name must be the file stem of a checkpoint such as 'target', got {name!r}")
+    if not isinstance(folder, (str, Path)):
+        raise TypeError(f"folder must be a path, got {type(folder).__name__}")
+    return Path(folder) / f"{name}{suffix}"
+
+
 def load_metadata(name: str, folder=WEIGHTS_DIR) -> dict:
-    path = Path(folder) / f"{name}.json"
+    """The training record <name>.json beside the weights: a JSON object with the model's config."""
+    path = _weights_path(name, folder, ".json")
     try:
-        return json.loads(path.read_text())
+        meta = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise FileNotFoundError(f"weights metadata {path} is missing or corrupt ({err}); "
                                 f"retrain with `python -m lib.train {name}`") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
+        raise FileNotFoundError(f"weights metadata {path} is corrupt (no config object); "
+                                f"retrain with `python -m lib.train {name}`")
+    return meta
 
 
 def load(name: str = "target", folder=WEIGHTS_DIR):
     """Load shipped weights: returns (params, cfg). A missing or corrupt file says how to retrain."""
-    path = Path(folder) / f"{name}.npz"
+    path = _weights_path(name, folder, ".npz")
     retrain = f"retrain with `python -m lib.train {name}`"
     meta = load_metadata(name, folder)
     try:
         cfg = ModelConfig(**meta["config"])
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{path.with_suffix('.json')} holds no valid config ({err}); {retrain}") from None
+    try:
         with open(path, "rb") as file, np.load(file) as data:
             params = {k: data[k] for k in data.files}
-        saved = json.loads(str(params.pop(CONFIG_KEY)))
+        saved = ModelConfig(**json.loads(str(params.pop(CONFIG_KEY))))
     except FileNotFoundError:
         raise FileNotFoundError(f"weights file {path} is missing; {retrain}") from None
     except Exception as err:  # zip, pickle and key errors all mean the same thing to a reader
         raise ValueError(f"weights file {path} is corrupt ({type(err).__name__}: {err}); {retrain}") from None
-    if saved != cfg.__dict__:
+    if saved != cfg:
         raise ValueError(f"{path.with_suffix('.json')} says the model is {cfg}, but the weights were saved "
-                         f"for {ModelConfig(**saved)}; {retrain}")
+                         f"for {saved}; {retrain}")
     expected = cfg.parameter_shapes()
     if set(params) != set(expected):
         missing, extra = sorted(set(expected) - set(params)), sorted(set(params) - set(expected))

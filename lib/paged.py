@@ -123,7 +123,7 @@ class BlockManager:
 
     # -- the allocator's verbs
     def can_allocate(self, n_tokens: int) -> bool:
-        return self._blocks_for(n_tokens) <= self.num_free
+        return self._blocks_for(_positive_int("n_tokens", n_tokens)) <= self.num_free
 
     def allocate(self, seq_id, tokens) -> int:
         """Give a new sequence blocks for its prompt, reusing registered full blocks of the same prefix.
@@ -177,6 +177,7 @@ class BlockManager:
         """Free blocks that n more tokens after the written ones take: new blocks past the table's
         end, and a private copy of a shared block they would write into."""
         self._check_seq(seq_id)
+        n = _positive_int("n", n)
         start, table = self.computed[seq_id], self.tables[seq_id]
         shared = start % self.block_size and self.ref[table[start // self.block_size]] > 1
         return max(0, self._blocks_for(start + n) - len(table)) + bool(shared)
@@ -345,7 +346,7 @@ class PagedSequence:
         return logits
 
     def check_room(self, count: int) -> None:
-        if count != self._armed:
+        if not is_int(count) or count != self._armed:
             raise ValueError(f"sequence {self.seq_id!r} computes tokens only through feed(tokens, step), "
                              f"which reserves their slots: {count} positions were asked outside it")
 
@@ -353,20 +354,38 @@ class PagedSequence:
         pos = np.arange(start, stop)
         return np.asarray(self.block_table)[pos // self.pool.manager.block_size], pos % self.pool.manager.block_size
 
+    def _check_layer(self, layer) -> None:
+        if not is_int(layer) or not 0 <= layer < self.cfg.n_layer:
+            raise ValueError(f"layer must be an integer in 0..{self.cfg.n_layer - 1}, got {layer!r}")
+
     def write(self, layer, k, v):
-        """Scatter K, V (Hkv, T, D) of positions n..n+T-1 into their blocks."""
+        """Scatter K, V (Hkv, T, D) of positions n..n+T-1 into their blocks (T: the tokens `feed` reserved)."""
+        self._check_layer(layer)
+        expected = (self.cfg.n_kv_head, self._armed, self.cfg.head_dim)
+        if not self._armed or np.shape(k) != expected or np.shape(v) != expected:
+            raise ValueError(f"k and v must be (n_kv_head, T, head_dim) = {expected} for the {self._armed} positions "
+                             f"that feed reserved, got shapes {np.shape(k)} and {np.shape(v)}")
         blocks, offsets = self._slots(self.n, self.n + k.shape[1])
         self.pool.k[layer][blocks, :, offsets] = k.transpose(1, 0, 2)  # (T, Hkv, D)
         self.pool.v[layer][blocks, :, offsets] = v.transpose(1, 0, 2)
 
     def read(self, layer, end):
-        """Gather K, V of positions 0..end-1 through the block table: (Hkv, end, D) each."""
+        """Gather K, V of positions 0..end-1 through the block table: (Hkv, end, D) each. Only
+        written positions, and inside `feed` the ones it reserved."""
+        self._check_layer(layer)
+        written = self.n + self._armed
+        if not is_int(end) or not 1 <= end <= written:
+            raise ValueError(f"end must be an integer in 1..{written}: sequence {self.seq_id!r} holds {written} "
+                             f"written or reserved positions, got {end!r}")
         bs = self.pool.manager.block_size
         blocks = self.block_table[:-(-end // bs)]
         gather = lambda pool: pool[layer][blocks].transpose(1, 0, 2, 3).reshape(self.cfg.n_kv_head, -1, self.cfg.head_dim)[:, :end]
         return gather(self.pool.k), gather(self.pool.v)
 
     def advance(self, count):
+        if not is_int(count) or count != self._armed or not count:
+            raise ValueError(f"sequence {self.seq_id!r} advances only inside feed(tokens, step), by the {self._armed} "
+                             f"positions it reserved, got count {count!r}")
         self.pool.manager.computed[self.seq_id] += count
         self._armed = 0
 

@@ -68,9 +68,17 @@ def chi_square_pvalue(counts, p) -> float:
 def pool_rare(p, *freqs, min_prob: float):
     """Keep the outcomes with p >= min_prob and pool the rest into one last outcome, in p and in each
     frequency vector: fewer outcomes, so n samples resolve smaller differences."""
-    p = np.asarray(p, np.float64)
+    p = check_distribution(p)
+    if isinstance(min_prob, bool) or not isinstance(min_prob, (int, float, np.integer, np.floating)) \
+            or not 0 <= min_prob <= 1:
+        raise ValueError(f"min_prob must be a probability in [0, 1], got {min_prob!r}")
+    freqs = [np.asarray(f) for f in freqs]
+    for i, f in enumerate(freqs):
+        if f.dtype.kind not in "iuf" or f.shape != p.shape or not np.isfinite(f).all():
+            raise ValueError(f"frequency vector {i} must be {p.size} finite numbers, one per outcome of p, "
+                             f"got {f.dtype} of shape {f.shape}")
     keep = p >= min_prob
-    pooled = [np.append(np.asarray(f, np.float64)[keep], np.asarray(f, np.float64)[~keep].sum()) for f in (p,) + freqs]
+    pooled = [np.append(np.asarray(f, np.float64)[keep], np.asarray(f, np.float64)[~keep].sum()) for f in (p, *freqs)]
     return pooled[0] if not freqs else tuple(pooled)
 
 

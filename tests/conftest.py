@@ -1,3 +1,5 @@
+import copy
+
 import numpy as np
 import pytest
 
@@ -22,3 +24,9 @@ def perturbed_params(cfg, seed=0):
 def model(request):
     cfg = CONFIGS[request.param]
     return perturbed_params(cfg), cfg
+
+
+def pool_state(pool):
+    """Everything a paged pool holds: the manager's counts and tables, and the K blocks."""
+    m = pool.manager
+    return copy.deepcopy((m.ref, list(m.free), m.tables, m.tokens, m.computed, m.hash_to_block)), [k.copy() for k in pool.k]
