@@ -15,6 +15,11 @@ from .config import ModelConfig, is_int
 DTYPES = ("float32", "float16", "fp8", "int8", "int4")
 
 
+def check_step(step) -> None:
+    if not callable(step):
+        raise TypeError(f"step must be a function step(new_tokens, cache) -> logits, such as a LeanModel, got {step!r:.80}")
+
+
 class KVCache:
     def __init__(self, cfg: ModelConfig, max_len: int | None = None, dtype="float32",
                  granularity: str = "position", calibration=None):
@@ -37,6 +42,8 @@ class KVCache:
         self.dtype = np.dtype(store[kind][0])
         shape = (cfg.n_kv_head, self.max_len, store[kind][1])
         self.k_scale = self.v_scale = []  # quantized only: per layer, see _init_scales
+        if calibration is not None:  # checked even where it goes unused (a float cache, position scales)
+            self._check_calibration(calibration)
         if self.granularity is not None:
             self._init_scales(calibration)
         self.k = [np.zeros(shape, self.dtype) for _ in range(cfg.n_layer)]  # per layer (Hkv, max_len, D or D/2)
@@ -52,15 +59,19 @@ class KVCache:
         if calibration is None:
             raise ValueError(f"granularity {self.granularity!r} needs fixed scales: pass "
                              f"calibration=lib.quant.calibrate(params, cfg, tokens)")
+        k_max, v_max = calibration
+        self.k_scale = quant.static_scales(k_max, self.granularity, self.kind)
+        self.v_scale = quant.static_scales(v_max, self.granularity, self.kind)
+
+    def _check_calibration(self, calibration) -> None:
+        """The pair (k_max, v_max) from lib.quant.calibrate: finite maxima > 0 of shape (n_layer, n_kv_head)."""
         if not (isinstance(calibration, (tuple, list)) and len(calibration) == 2):
             raise ValueError(f"calibration must be the pair (k_max, v_max) from lib.quant.calibrate, got {calibration!r:.80}")
         expected = (self.cfg.n_layer, self.cfg.n_kv_head)
         for name, m in zip(("k_max", "v_max"), calibration):
             if np.shape(m) != expected:
                 raise ValueError(f"calibration {name} has shape {np.shape(m)}, expected {expected}")
-        k_max, v_max = calibration
-        self.k_scale = quant.static_scales(k_max, self.granularity, self.kind)
-        self.v_scale = quant.static_scales(v_max, self.granularity, self.kind)
+            quant.static_scales(m, "head", self.kind if self.kind in quant.QMAX else "int8")
 
     def check_room(self, count: int) -> None:
         """Raise before anything is written if `count` more positions do not fit."""
@@ -130,6 +141,7 @@ class KVCache:
     def feed(self, new_tokens, step):
         """Compute new tokens at positions n.. with step(new_tokens, cache) and return their logits
         (T, V): the one way to advance a cache, shared with the paged `PagedSequence.feed`."""
+        check_step(step)
         return step(new_tokens, self)
 
     def truncate(self, n: int) -> None:

@@ -110,6 +110,8 @@ def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = 
     (Mistral v0.1 style) -> windowed layers.
     """
     config = read_config(config)
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str ('' for the config's model_type), got {type(name).__name__}")
     try:
         layers, heads, hidden = (_count(config, key) for key in ("num_hidden_layers", "num_attention_heads", "hidden_size"))
     except KeyError as err:

@@ -15,11 +15,13 @@ and `feed(new_tokens, step)` runs `model.forward_cached` (or a `LeanModel`) thro
 """
 import hashlib
 from collections import deque
+from collections.abc import Hashable
 from typing import NamedTuple
 
 import numpy as np
 
 from .config import ModelConfig, is_int
+from .kv_cache import check_step
 from .model import check_tokens
 
 
@@ -32,6 +34,11 @@ def _positive_int(name, value) -> int:
     if not is_int(value) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
+
+
+def _check_id(name, seq_id) -> None:
+    if not isinstance(seq_id, Hashable):
+        raise TypeError(f"{name} must be hashable (a str or an int names a sequence), got {type(seq_id).__name__}")
 
 
 def _token_list(tokens) -> list:
@@ -71,6 +78,7 @@ class BlockManager:
 
     # -- helpers
     def _check_seq(self, seq_id):
+        _check_id("seq_id", seq_id)
         if seq_id not in self.tables:
             raise ValueError(f"unknown sequence {seq_id!r}: never allocated, or already freed")
 
@@ -132,6 +140,7 @@ class BlockManager:
         to compute (its logits are needed); if it sits in a shared block, that block is copied first.
         """
         tokens = _token_list(tokens)
+        _check_id("seq_id", seq_id)
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id!r} is already allocated")
         bs, hits, parent = self.block_size, [], ""
@@ -248,6 +257,7 @@ class BlockManager:
     def fork(self, parent, child) -> None:
         """A child sequence sharing every written block of its parent (parallel sampling, beam search)."""
         self._check_seq(parent)
+        _check_id("child", child)
         if child in self.tables:
             raise ValueError(f"sequence {child!r} is already allocated")
         n = self.computed[parent]
@@ -294,12 +304,17 @@ class PagedKVCache:
         return PagedSequence(self, seq_id)
 
     def fork(self, parent: "PagedSequence", child_id) -> "PagedSequence":
-        self.manager.fork(parent.seq_id, child_id)
+        self.manager.fork(self._own(parent, "parent").seq_id, child_id)
         return PagedSequence(self, child_id)
 
     def free(self, seq: "PagedSequence") -> None:
         """Drop a sequence and release its blocks."""
-        self.manager.deallocate(seq.seq_id)
+        self.manager.deallocate(self._own(seq, "seq").seq_id)
+
+    def _own(self, seq, name) -> "PagedSequence":
+        if not isinstance(seq, PagedSequence) or seq.pool is not self:
+            raise TypeError(f"{name} must be a sequence of this pool (from add or fork), got {type(seq).__name__}")
+        return seq
 
 
 class PagedSequence:
@@ -330,6 +345,7 @@ class PagedSequence:
         return their logits. Slots are reserved for these tokens; if the step fails, the sequence
         and the pool are as they were, and its blocks become findable only once written."""
         manager, start = self.pool.manager, self.n
+        check_step(step)
         new_tokens = check_tokens(new_tokens, self.cfg, start)
         reservation = manager.reserve(self.seq_id, new_tokens)
         self.pool._apply_copies()

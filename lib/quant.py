@@ -116,6 +116,7 @@ def smallest_coded(kind: str) -> float:
     """The smallest largest-|value| of a group that still gets a nonzero code with the smallest
     float16 scale: half a step for int8 and int4 (rint rounds half to even, so just above it),
     half of fp8's smallest subnormal for fp8."""
+    check_kind(kind)
     step = float(E4M3[1]) if kind == "fp8" else 1.0
     return float(np.nextafter(np.float32(step / 2 * np.finfo(np.float16).tiny), np.float32(1)))
 
@@ -123,8 +124,8 @@ def smallest_coded(kind: str) -> float:
 def calibrate(params, cfg, tokens):
     """Max |K| and |V| per layer and KV head over a calibration text: two (n_layer, Hkv) arrays."""
     from .kv_cache import KVCache
-    from .model import forward_cached
-    cache = KVCache(cfg, len(tokens))
+    from .model import check_tokens, forward_cached
+    cache = KVCache(cfg, len(check_tokens(tokens, cfg)))
     forward_cached(params, cfg, tokens, cache)
     k_max = np.array([np.abs(k[:, :len(tokens)]).max(axis=(1, 2)) for k in cache.k])  # (L, Hkv)
     v_max = np.array([np.abs(v[:, :len(tokens)]).max(axis=(1, 2)) for v in cache.v])  # (L, Hkv)
@@ -133,7 +134,8 @@ def calibrate(params, cfg, tokens):
 
 def static_scales(absmax, granularity: str, kind: str):
     """Per layer, the fixed scale for 'head' (Hkv, 1, 1) or 'tensor' (1, 1, 1) granularity, float32."""
-    check_granularity(granularity)
+    if granularity not in ("head", "tensor"):
+        raise ValueError(f"granularity of fixed scales must be head or tensor, got {granularity!r}")
     check_kind(kind)
     absmax = np.asarray(absmax)
     if absmax.dtype.kind not in "iuf" or absmax.ndim != 2 or absmax.size == 0:
@@ -163,7 +165,8 @@ def fp8_encode(x) -> np.ndarray:
     """fp8 e4m3 codes (uint8 bit patterns) of x: round to the nearest e4m3 value, ties to an even
     mantissa, saturating at +-448 (like vLLM's fp8 KV cache, which stores torch.float8_e4m3fn values of
     x / scale, clamped to the format's range first)."""
-    a = np.minimum(np.abs(np.asarray(x, np.float64)), E4M3[-1])  # (...,) saturate at 448
+    x = check_values(x)
+    a = np.minimum(np.abs(x.astype(np.float64)), E4M3[-1])  # (...,) saturate at 448
     hi = np.minimum(np.searchsorted(E4M3, a), len(E4M3) - 1)  # first value >= a
     lo = np.maximum(hi - 1, 0)
     d_lo, d_hi = a - E4M3[lo], E4M3[hi] - a
@@ -173,6 +176,10 @@ def fp8_encode(x) -> np.ndarray:
 
 def fp8_decode(codes) -> np.ndarray:
     """float32 values of fp8 e4m3 codes from fp8_encode."""
-    codes = np.asarray(codes, np.uint8)
+    codes = np.asarray(codes)
+    if codes.dtype != np.uint8:
+        raise ValueError(f"fp8 codes must be a uint8 array of bit patterns (from fp8_encode), got {codes.dtype}")
+    if ((codes & 0x7F) == 0x7F).any():
+        raise ValueError("fp8 codes 0x7F and 0xFF are NaN in e4m3fn, which fp8_encode never writes")
     value = E4M3[codes & 0x7F].astype(np.float32)
     return np.where(codes & 0x80, -value, value)

@@ -88,6 +88,7 @@ def draw(p: np.ndarray, rng: np.random.Generator) -> int:
 
 def next_token(logits, temperature: float, rng: np.random.Generator) -> int:
     """Greedy at temperature 0 (no random number is drawn), else a sample from the softmax."""
+    check_rng(rng)
     if temperature == 0:
         return int(np.argmax(check_logits(logits)))
     return draw(probs_from_logits(logits, temperature), rng)

@@ -92,6 +92,9 @@ class SpecStats:
 
 def check_pair(target_cfg: ModelConfig, draft_cfg: ModelConfig, k, dynamic: bool = False, k_max=16) -> None:
     """Same vocabulary; k (and with `dynamic`, k_max >= k) an integer from 1 to the context length."""
+    for name, cfg in (("target_cfg", target_cfg), ("draft_cfg", draft_cfg)):
+        if not isinstance(cfg, ModelConfig):
+            raise TypeError(f"{name} must be a lib.config.ModelConfig, got {type(cfg).__name__}")
     if target_cfg.vocab_size != draft_cfg.vocab_size:
         raise ValueError(f"draft and target must share a vocabulary: the target has {target_cfg.vocab_size} "
                          f"tokens, the draft {draft_cfg.vocab_size}")
@@ -245,13 +248,14 @@ def speculative_generate(target, draft, prompt, n_new: int, k: int = 4, temperat
 
 def check_formula_args(alpha, k, c=0.0, verify=1.0) -> None:
     """alpha a probability, k an integer >= 1, c >= 0 and verify > 0 (finite numbers)."""
-    if not (isinstance(alpha, (int, float, np.number)) and 0 <= alpha <= 1):
+    number = lambda x: isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+    if not (number(alpha) and 0 <= alpha <= 1):
         raise ValueError(f"alpha (the acceptance rate) must be in [0, 1], got {alpha!r}")
     if not is_int(k) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
-    if not (isinstance(c, (int, float, np.number)) and 0 <= c < float("inf")):
+    if not (number(c) and 0 <= c < float("inf")):
         raise ValueError(f"c (draft cost / target cost) must be a finite number >= 0, got {c!r}")
-    if not (isinstance(verify, (int, float, np.number)) and 0 < verify < float("inf")):
+    if not (number(verify) and 0 < verify < float("inf")):
         raise ValueError(f"verify (cost of a (k+1)-token target call / one token) must be a finite number > 0, got {verify!r}")
 
 

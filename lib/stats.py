@@ -10,6 +10,7 @@ import numpy as np
 from scipy import stats
 
 from .config import is_int
+from .sampling import check_seed
 
 
 def check_distribution(p, name: str = "p", tol: float = 1e-6) -> np.ndarray:
@@ -32,7 +33,7 @@ def tvd(a, b) -> float:
     """Total variation distance: half the L1 distance between two distributions."""
     a, b = check_distribution(a, "a"), check_distribution(b, "b")
     if a.shape != b.shape:
-        raise ValueError(f"the two distributions have {a.size} and {b.size} outcomes")
+        raise ValueError(f"a and b must be distributions over the same outcomes: a has {a.size}, b {b.size}")
     return 0.5 * float(np.abs(a - b).sum())
 
 
@@ -88,7 +89,7 @@ def two_sample_tvd_null(p, n: int, trials: int = 1000, seed: int = 0) -> np.ndar
     p = check_distribution(p)
     _check_count(n)
     _check_count(trials, "trials")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed))
     a = rng.multinomial(n, p / p.sum(), size=trials) / n  # (trials, V)
     b = rng.multinomial(n, p / p.sum(), size=trials) / n  # (trials, V)
     return 0.5 * np.abs(a - b).sum(axis=1)
