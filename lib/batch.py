@@ -20,7 +20,7 @@ from numba import njit
 
 from . import quant
 from .config import is_int
-from .lean import GELU_S, LeanModel
+from .lean import GELU_S, LeanModel, cached_step
 from .model import GELU_C, LN_EPS, check_cache, check_tokens, head, layer_norm, mlp
 from .paged import PagedKVCache, PagedSequence
 
@@ -326,6 +326,9 @@ def _attend(rows: _Rows, i, q, k, v, scale, space):
 
 def check_batch(cfg, new_tokens, caches):
     """Same number of token lists and caches, each cache distinct and made for this model."""
+    for name, value in (("new_tokens", new_tokens), ("caches", caches)):
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"{name} must be a list, one entry per sequence, got {type(value).__name__}")
     if len(new_tokens) != len(caches) or not caches:
         raise ValueError(f"a batch needs one token list per cache: got {len(new_tokens)} and {len(caches)}")
     if len({id(c) for c in caches}) != len(caches):
@@ -339,6 +342,7 @@ class BatchedModel:
     `feed` on paged sequences. model: a LeanModel, or a (params, cfg) pair for the plain path."""
 
     def __init__(self, model):
+        cached_step(model)  # a LeanModel or a (params, cfg) pair whose params fit cfg
         self.w = _Lean(model) if isinstance(model, LeanModel) else _Plain(*model)
         self.cfg, self.space = self.w.cfg, _Space()
 
@@ -370,6 +374,11 @@ class BatchedModel:
 
         Each sequence's own `feed` reserves its slots, nested one inside the next, and the
         innermost runs `step` once for all of them: a failure anywhere unwinds every feed."""
+        for name, value in (("seqs", seqs), ("new_tokens", new_tokens)):
+            if not isinstance(value, (list, tuple)):
+                raise TypeError(f"{name} must be a list, one entry per sequence, got {type(value).__name__}")
+        if not all(callable(getattr(s, "feed", None)) for s in seqs):
+            raise TypeError(f"seqs must be paged sequences (lib.paged.PagedSequence), got {[type(s).__name__ for s in seqs]}")
         if len(new_tokens) != len(seqs):
             raise ValueError(f"a batch needs one token list per sequence: got {len(new_tokens)} and {len(seqs)}")
 

@@ -18,6 +18,9 @@ from .tokenizer import VOCAB_SIZE, decode, encode
 
 def check_request(prompt_len: int, n_new, context: int, temperature: float) -> None:
     """Reject a generation request before any work: n_new >= 1, it fits the context, temperature >= 0."""
+    for name, value in (("prompt_len", prompt_len), ("context", context)):
+        if not is_int(value) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if not is_int(n_new) or n_new < 1:
         raise ValueError(f"n_new must be a positive integer, got {n_new!r}")
     if prompt_len + n_new > context:
@@ -66,6 +69,8 @@ def generate(params, cfg: ModelConfig, prompt, n_new: int, temperature: float = 
 def complete(params, cfg: ModelConfig, prompt: str, n_new: int, temperature: float = 0.0,
              seed: int = 0, use_cache: bool = True) -> str:
     """Text in, text out: the n_new characters the model writes after `prompt`."""
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(f"cfg must be a lib.config.ModelConfig, got {type(cfg).__name__}")
     if cfg.vocab_size != VOCAB_SIZE:
         raise ValueError(f"complete() needs a model over the {VOCAB_SIZE}-character vocabulary of lib.tokenizer, "
                          f"this one has vocab_size {cfg.vocab_size}")

@@ -16,47 +16,65 @@ DTYPES = ("float32", "float16", "fp8", "int8", "int4")
 STORED = {"float32": np.float32, "float16": np.float16, "fp8": np.uint8, "int8": np.int8, "int4": np.uint8}  # int4: 2 per byte
 
 
-def storage(cfg: ModelConfig, dtype, granularity: str):
+def storage(cfg: ModelConfig, dtype, granularity: str, calibration=None):
     """(kind, granularity or None, stored numpy dtype, values per position and head as stored) of a
-    cache of `dtype` (a name of DTYPES or a numpy dtype), checked: the one rule for every K/V store."""
-    kind = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    cache of `dtype` (a name of DTYPES or a numpy dtype), checked with its granularity and, when
+    given, its calibration: the one rule for every K/V store (`KVCache`, `lib.paged.PagedKVCache`)."""
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(f"cfg must be a lib.config.ModelConfig, got {type(cfg).__name__}")
+    kind = dtype if isinstance(dtype, str) else getattr(dtype, "__name__", None) or getattr(dtype, "name", None)
     if kind not in DTYPES:
         raise ValueError(f"KV cache dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if kind in quant.QMAX and granularity not in quant.GRANULARITIES:
-        raise ValueError(f"granularity must be one of {', '.join(quant.GRANULARITIES)}, got {granularity!r}")
+    quant.check_granularity(granularity)  # also for float dtypes, where it has no effect
     if kind == "int4" and cfg.head_dim % 2:
         raise ValueError(f"int4 packs two codes per byte: head_dim {cfg.head_dim} must be even")
+    if calibration is not None:  # checked even where it goes unused (a float cache, position scales)
+        check_calibration(cfg, kind, calibration)
     width = cfg.head_dim // 2 if kind == "int4" else cfg.head_dim
     return kind, granularity if kind in quant.QMAX else None, np.dtype(STORED[kind]), width
 
 
-def fixed_scales(cfg: ModelConfig, kind: str, granularity: str, calibration):
+def check_calibration(cfg: ModelConfig, kind: str, calibration) -> None:
+    """The pair (k_max, v_max) from lib.quant.calibrate: finite maxima > 0 of shape (n_layer, n_kv_head)."""
+    if not (isinstance(calibration, (tuple, list)) and len(calibration) == 2):
+        raise ValueError(f"calibration must be the pair (k_max, v_max) from lib.quant.calibrate, got {calibration!r:.80}")
+    expected = (cfg.n_layer, cfg.n_kv_head)
+    for name, m in zip(("k_max", "v_max"), calibration):
+        if np.shape(m) != expected:
+            raise ValueError(f"calibration {name} has shape {np.shape(m)}, expected {expected}")
+        quant.static_scales(m, "head", kind if kind in quant.QMAX else "int8")
+
+
+def fixed_scales(kind: str, granularity: str, calibration):
     """Per layer, the fixed K and V scales of 'head' ((Hkv, 1, 1)) or 'tensor' ((1, 1, 1)) granularity,
-    from `calibration` = lib.quant.calibrate(params, cfg, tokens)."""
+    from a checked `calibration` = lib.quant.calibrate(params, cfg, tokens)."""
     if calibration is None:
         raise ValueError(f"granularity {granularity!r} needs fixed scales: pass "
                          f"calibration=lib.quant.calibrate(params, cfg, tokens)")
     k_max, v_max = calibration
-    if np.shape(k_max) != (cfg.n_layer, cfg.n_kv_head) or np.shape(v_max) != (cfg.n_layer, cfg.n_kv_head):
-        raise ValueError(f"calibration has shapes {np.shape(k_max)} and {np.shape(v_max)}, "
-                         f"expected {(cfg.n_layer, cfg.n_kv_head)} each")
     return quant.static_scales(k_max, granularity, kind), quant.static_scales(v_max, granularity, kind)
+
+
+def check_step(step) -> None:
+    if not callable(step):
+        raise TypeError(f"step must be a function step(new_tokens, cache) -> logits, such as a LeanModel, got {step!r:.80}")
 
 
 class KVCache:
     def __init__(self, cfg: ModelConfig, max_len: int | None = None, dtype="float32",
                  granularity: str = "position", calibration=None):
-        max_len = cfg.block_size if max_len is None else max_len
+        max_len = cfg.block_size if isinstance(cfg, ModelConfig) and max_len is None else max_len
+        self.kind, self.granularity, self.dtype, width = storage(cfg, dtype, granularity, calibration)
         if not is_int(max_len) or not 1 <= max_len <= cfg.block_size:
             raise ValueError(f"max_len must be an integer in 1..{cfg.block_size} (block_size), got {max_len!r}")
         self.cfg, self.max_len, self.n = cfg, int(max_len), 0
-        self.kind, self.granularity, self.dtype, width = storage(cfg, dtype, granularity)
         shape = (cfg.n_kv_head, self.max_len, width)
-        self.k = [np.zeros(shape, self.dtype) for _ in range(cfg.n_layer)]  # per layer (Hkv, max_len, D or D/2)
-        self.v = [np.zeros(shape, self.dtype) for _ in range(cfg.n_layer)]
         self.k_scale = self.v_scale = []  # quantized only: per layer, see _init_scales
         if self.granularity is not None:
             self._init_scales(calibration)
+        self.k = [np.zeros(shape, self.dtype) for _ in range(cfg.n_layer)]  # per layer (Hkv, max_len, D or D/2)
+        self.v = [np.zeros(shape, self.dtype) for _ in range(cfg.n_layer)]
+        self.written = [0] * cfg.n_layer  # per layer: positions 0..written-1 hold K/V (n, or n + T mid-step)
 
     def _init_scales(self, calibration):
         if self.granularity == "position":  # (Hkv, max_len, 1) float16, filled on write
@@ -64,32 +82,54 @@ class KVCache:
             self.k_scale = [np.zeros(shape, np.float16) for _ in range(self.cfg.n_layer)]
             self.v_scale = [np.zeros(shape, np.float16) for _ in range(self.cfg.n_layer)]
             return
-        self.k_scale, self.v_scale = fixed_scales(self.cfg, self.kind, self.granularity, calibration)
+        self.k_scale, self.v_scale = fixed_scales(self.kind, self.granularity, calibration)
 
     def check_room(self, count: int) -> None:
         """Raise before anything is written if `count` more positions do not fit."""
+        if not is_int(count) or count < 0:
+            raise ValueError(f"count must be a non-negative integer, got {count!r}")
         if self.n + count > self.max_len:
             raise ValueError(
                 f"KV cache is full: it holds {self.max_len} positions, {self.n} are used and "
                 f"{count} more were asked")
 
+    def _check_layer(self, layer) -> None:
+        if not is_int(layer) or not 0 <= layer < self.cfg.n_layer:
+            raise ValueError(f"layer must be an integer in 0..{self.cfg.n_layer - 1}, got {layer!r}")
+
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store K, V (Hkv, T, D) of T new positions at n..n+T-1 (n advances in `advance`)."""
-        new = slice(self.n, self.n + k.shape[1])
+        self._check_layer(layer)
+        T = np.shape(k)[1] if np.ndim(k) == 3 else 0
+        expected = (self.cfg.n_kv_head, T, self.cfg.head_dim)
+        if not T or np.shape(k) != expected or np.shape(v) != expected:
+            raise ValueError(f"k and v must be (n_kv_head, T, head_dim) = (Hkv, T, {self.cfg.head_dim}) with "
+                             f"T >= 1, got shapes {np.shape(k)} and {np.shape(v)}")
+        self.check_room(T)
+        new = slice(self.n, self.n + T)
         if self.granularity is None:  # float32 or float16: a plain store (cast on assignment)
             self.k[layer][:, new] = k
             self.v[layer][:, new] = v
-            return
-        for x, store, scales in ((k, self.k, self.k_scale), (v, self.v, self.v_scale)):
+        else:
+            codes = [self._codes(layer, x, scales) for x, scales in ((k, self.k_scale), (v, self.v_scale))]
+            (self.k[layer][:, new], ks), (self.v[layer][:, new], vs) = codes  # stored only once both are valid
             if self.granularity == "position":
-                scales[layer][:, new] = quant.position_scales(x, self.kind)
-                scale = scales[layer][:, new].astype(np.float32)  # (Hkv, T, 1)
-            else:
-                scale = scales[layer]  # fixed: (Hkv or 1, 1, 1)
-            store[layer][:, new] = quant.quantize(x, scale, self.kind)
+                self.k_scale[layer][:, new], self.v_scale[layer][:, new] = ks, vs
+        self.written[layer] = self.n + T
+
+    def _codes(self, layer, x, scales):
+        """Codes of x (Hkv, T, D) and, per position, their float16 scales (Hkv, T, 1)."""
+        if self.granularity == "position":
+            s16 = quant.position_scales(x, self.kind)
+            return quant.quantize(x, s16.astype(np.float32), self.kind), s16
+        return quant.quantize(x, scales[layer], self.kind), None  # fixed: (Hkv or 1, 1, 1)
 
     def read(self, layer: int, end: int):
-        """K, V of positions 0..end-1 as float32, each (Hkv, end, D)."""
+        """K, V of positions 0..end-1 as float32, each (Hkv, end, D): only positions written."""
+        self._check_layer(layer)
+        if not is_int(end) or not 1 <= end <= self.written[layer]:
+            raise ValueError(f"end must be an integer in 1..{self.written[layer]}: layer {layer} of the KV cache "
+                             f"holds {self.written[layer]} written positions, got {end!r}")
         k, v = self.k[layer][:, :end], self.v[layer][:, :end]
         if self.granularity is not None:
             ks, vs = self.k_scale[layer], self.v_scale[layer]
@@ -101,11 +141,18 @@ class KVCache:
         return k, v
 
     def advance(self, count: int) -> None:
-        self.n += count
+        """Count the `count` positions just written in every layer as cached."""
+        if not is_int(count) or count < 1:
+            raise ValueError(f"count must be a positive integer, got {count!r}")
+        if self.written.count(self.n + count) != len(self.written):
+            raise ValueError(f"cannot advance the KV cache by {count}: every layer must have written positions "
+                             f"{self.n}..{self.n + count - 1} first (written per layer: {self.written})")
+        self.n += int(count)
 
     def feed(self, new_tokens, step):
         """Compute new tokens at positions n.. with step(new_tokens, cache) and return their logits
         (T, V): the one way to advance a cache, shared with the paged `PagedSequence.feed`."""
+        check_step(step)
         return step(new_tokens, self)
 
     def truncate(self, n: int) -> None:
@@ -113,12 +160,14 @@ class KVCache:
         if not is_int(n) or not 0 <= n <= self.n:
             raise ValueError(f"cannot truncate the KV cache to {n!r}: it holds {self.n} positions")
         self.n = int(n)
+        self.written = [self.n] * self.cfg.n_layer
 
     def copy(self) -> "KVCache":
         """An independent cache with the same contents (for reusing a shared prefix)."""
         other = KVCache.__new__(KVCache)
         other.__dict__.update(self.__dict__)
         other.k, other.v = [a.copy() for a in self.k], [a.copy() for a in self.v]
+        other.written = list(self.written)
         other.k_scale, other.v_scale = [a.copy() for a in self.k_scale], [a.copy() for a in self.v_scale]
         return other
 

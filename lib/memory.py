@@ -29,15 +29,31 @@ class KVSpec:
     n_params: float = 0.0  # for the size of the weights
     source: str = ""
 
+    def __post_init__(self):
+        """A spec that could report zero or negative bytes is refused: every count at least 1."""
+        for name in ("name", "source"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"KVSpec.{name} must be a str, got {type(getattr(self, name)).__name__}")
+        for name in ("n_layer", "n_kv_head", "head_dim"):
+            _check_int(f"KVSpec.{name}", getattr(self, name), 1)
+        if not isinstance(self.windows, tuple) or len(self.windows) != self.n_layer:
+            raise ValueError(f"KVSpec.windows must be a tuple of one entry per layer ({self.n_layer}), "
+                             f"got {self.windows!r:.80}")
+        for w in self.windows:
+            if w is not None:
+                _check_int("KVSpec.windows entry (a sliding window)", w, 1)
+        if isinstance(self.n_params, bool) or not isinstance(self.n_params, (int, float, np.integer, np.floating)) \
+                or not 0 <= self.n_params < float("inf"):
+            raise ValueError(f"KVSpec.n_params must be a finite number >= 0, got {self.n_params!r}")
+
     def positions(self, tokens: int) -> list:
         """Cached positions per layer for a sequence of `tokens`."""
+        _check_int("tokens", tokens, 0)
         return [tokens if w is None else min(tokens, w) for w in self.windows]
 
     def kv_bytes(self, tokens: int, batch: int = 1, dtype: str = "bfloat16") -> float:
         """Bytes of K and V for `batch` sequences of `tokens` each."""
-        for name, value, low in (("tokens", tokens, 0), ("batch", batch, 1)):
-            if not is_int(value) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        _check_int("batch", batch, 1)
         per_position = 2 * self.n_kv_head * self.head_dim * dtype_bytes(dtype)
         return batch * per_position * sum(self.positions(tokens))
 
@@ -47,6 +63,11 @@ class KVSpec:
 
     def weight_bytes(self, dtype: str = "bfloat16") -> float:
         return self.n_params * dtype_bytes(dtype)
+
+
+def _check_int(name: str, value, low: int) -> None:
+    if not is_int(value) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
 def dtype_bytes(dtype: str) -> float:
@@ -63,6 +84,24 @@ def _count(config: dict, key: str) -> int:
     return value
 
 
+def read_config(config) -> dict:
+    """A config.json's fields: the dict itself, or the JSON object read from a path."""
+    if isinstance(config, dict):
+        return config
+    if not isinstance(config, (str, Path)):
+        raise TypeError(f"config must be a dict or the path of a config.json, got {type(config).__name__}")
+    path = Path(config)
+    try:
+        fields = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"config file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"config file {path} is not a readable JSON file ({type(err).__name__}: {err})") from None
+    if not isinstance(fields, dict):
+        raise ValueError(f"config file {path} holds a JSON {type(fields).__name__}, not an object of fields")
+    return fields
+
+
 def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = "") -> KVSpec:
     """A KVSpec from a Hugging Face config.json (path or dict).
 
@@ -70,8 +109,9 @@ def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = 
     `layer_types` with "sliding_attention" entries, or a `sliding_window` on every layer
     (Mistral v0.1 style) -> windowed layers.
     """
-    if not isinstance(config, dict):
-        config = json.loads(Path(config).read_text())
+    config = read_config(config)
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str ('' for the config's model_type), got {type(name).__name__}")
     try:
         layers, heads, hidden = (_count(config, key) for key in ("num_hidden_layers", "num_attention_heads", "hidden_size"))
     except KeyError as err:
@@ -85,6 +125,8 @@ def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = 
     window = None if config.get("sliding_window") is None else _count(config, "sliding_window")
     types = config.get("layer_types")
     if types:
+        if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+            raise ValueError(f"config.json's layer_types must be a list of strings, got {types!r:.80}")
         if len(types) != layers:
             raise ValueError(f"layer_types has {len(types)} entries for {layers} layers")
         windows = tuple(window if t == "sliding_attention" else None for t in types)
@@ -96,6 +138,8 @@ def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = 
 
 
 def from_model_config(cfg: ModelConfig, name: str = "this book's target") -> KVSpec:
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(f"cfg must be a lib.config.ModelConfig, got {type(cfg).__name__}")
     return KVSpec(name, cfg.n_layer, cfg.n_kv_head, cfg.head_dim, (None,) * cfg.n_layer, cfg.n_params())
 
 

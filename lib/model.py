@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ModelConfig
+from .config import ModelConfig, is_int
 from .kv_cache import KVCache
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
@@ -94,6 +94,10 @@ def head(params, x):
 
 def check_tokens(tokens, cfg: ModelConfig, start: int = 0) -> np.ndarray:
     """Validate a 1-D sequence of token ids placed at positions start.. ; return it as int64."""
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(f"cfg must be a lib.config.ModelConfig, got {type(cfg).__name__}")
+    if not is_int(start) or start < 0:
+        raise ValueError(f"start (the position of the first token) must be an integer >= 0, got {start!r}")
     arr = np.asarray(tokens)
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"tokens must be a non-empty 1-D sequence of ids, got shape {arr.shape}")
@@ -105,7 +109,7 @@ def check_tokens(tokens, cfg: ModelConfig, start: int = 0) -> np.ndarray:
         raise ValueError(f"token id {int(arr[pos])} at index {pos} is outside the vocabulary 0..{cfg.vocab_size - 1}")
     if start + arr.size > cfg.block_size:
         raise ValueError(
-            f"positions {start}..{start + arr.size - 1} go past the context: the model has "
+            f"tokens at positions {start}..{start + arr.size - 1} go past the context: the model has "
             f"{cfg.block_size} learned positions (block_size)")
     return ids
 
@@ -148,8 +152,10 @@ def check_params(params, cfg: ModelConfig) -> None:
 def check_cache(cache, cfg: ModelConfig) -> None:
     """A cache (KVCache or PagedSequence) holds K/V of this config's shape: layers, K/V heads, head size."""
     made = getattr(cache, "cfg", None)
-    if made is cfg:
+    if made is cfg and isinstance(cfg, ModelConfig):
         return
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(f"cfg must be a lib.config.ModelConfig, got {type(cfg).__name__}")
     if not isinstance(made, ModelConfig):
         raise TypeError(f"expected a KV cache (lib.kv_cache.KVCache or a paged sequence), got {type(cache).__name__}")
     if (made.n_layer, made.n_kv_head, made.head_dim) != (cfg.n_layer, cfg.n_kv_head, cfg.head_dim):
@@ -185,6 +191,16 @@ def forward_cached(params, cfg: ModelConfig, new_tokens, cache: KVCache) -> np.n
 
 def init_params(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> dict:
     """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer)."""
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(f"cfg must be a lib.config.ModelConfig, got {type(cfg).__name__}")
+    if not is_int(seed) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    try:
+        floating = dtype is not None and np.dtype(dtype).kind == "f"  # np.dtype(None) would be float64
+    except TypeError:
+        floating = False
+    if not floating:
+        raise ValueError(f"dtype must be a float dtype such as np.float32, got {dtype!r}")
     rng = np.random.default_rng(seed)
     params = {}
     for name, shape in cfg.parameter_shapes().items():
@@ -200,7 +216,11 @@ def init_params(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> dict:
 
 def save(params, cfg: ModelConfig, name: str, metadata: dict, folder=WEIGHTS_DIR) -> Path:
     """Write <name>.npz (float32 parameters) and <name>.json (config and training record)."""
-    folder = Path(folder)
+    check_params(params, cfg)
+    path = _weights_path(name, folder, ".npz")
+    if not isinstance(metadata, dict):
+        raise TypeError(f"metadata must be a dict (the training record), got {type(metadata).__name__}")
+    folder = path.parent
     folder.mkdir(parents=True, exist_ok=True)
     np.savez(folder / f"{name}.npz", **{k: np.asarray(v, np.float32) for k, v in params.items()},
              **{CONFIG_KEY: np.array(json.dumps(cfg.__dict__))})  # the weights carry their config
@@ -209,32 +229,49 @@ def save(params, cfg: ModelConfig, name: str, metadata: dict, folder=WEIGHTS_DIR
     return folder / f"{name}.npz"
 
 
+def _weights_path(name, folder, suffix) -> Path:
+    """folder / <name><suffix>, with name a file stem and folder a path."""
+    if not isinstance(name, str) or not name or "/" in name:
+        raise TypeError(f"name must be the file stem of a checkpoint such as 'target', got {name!r}")
+    if not isinstance(folder, (str, Path)):
+        raise TypeError(f"folder must be a path, got {type(folder).__name__}")
+    return Path(folder) / f"{name}{suffix}"
+
+
 def load_metadata(name: str, folder=WEIGHTS_DIR) -> dict:
-    path = Path(folder) / f"{name}.json"
+    """The training record <name>.json beside the weights: a JSON object with the model's config."""
+    path = _weights_path(name, folder, ".json")
     try:
-        return json.loads(path.read_text())
+        meta = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise FileNotFoundError(f"weights metadata {path} is missing or corrupt ({err}); "
                                 f"retrain with `python -m lib.train {name}`") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
+        raise FileNotFoundError(f"weights metadata {path} is corrupt (no config object); "
+                                f"retrain with `python -m lib.train {name}`")
+    return meta
 
 
 def load(name: str = "target", folder=WEIGHTS_DIR):
     """Load shipped weights: returns (params, cfg). A missing or corrupt file says how to retrain."""
-    path = Path(folder) / f"{name}.npz"
+    path = _weights_path(name, folder, ".npz")
     retrain = f"retrain with `python -m lib.train {name}`"
     meta = load_metadata(name, folder)
     try:
         cfg = ModelConfig(**meta["config"])
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{path.with_suffix('.json')} holds no valid config ({err}); {retrain}") from None
+    try:
         with open(path, "rb") as file, np.load(file) as data:
             params = {k: data[k] for k in data.files}
-        saved = json.loads(str(params.pop(CONFIG_KEY)))
+        saved = ModelConfig(**json.loads(str(params.pop(CONFIG_KEY))))
     except FileNotFoundError:
         raise FileNotFoundError(f"weights file {path} is missing; {retrain}") from None
     except Exception as err:  # zip, pickle and key errors all mean the same thing to a reader
         raise ValueError(f"weights file {path} is corrupt ({type(err).__name__}: {err}); {retrain}") from None
-    if saved != cfg.__dict__:
+    if saved != cfg:
         raise ValueError(f"{path.with_suffix('.json')} says the model is {cfg}, but the weights were saved "
-                         f"for {ModelConfig(**saved)}; {retrain}")
+                         f"for {saved}; {retrain}")
     expected = cfg.parameter_shapes()
     if set(params) != set(expected):
         missing, extra = sorted(set(expected) - set(params)), sorted(set(params) - set(expected))

@@ -15,13 +15,14 @@ and `feed(new_tokens, step)` runs `model.forward_cached` (or a `LeanModel`) thro
 """
 import hashlib
 from collections import deque
+from collections.abc import Hashable
 from typing import NamedTuple
 
 import numpy as np
 
 from . import quant
 from .config import ModelConfig, is_int
-from .kv_cache import fixed_scales, storage
+from .kv_cache import check_step, fixed_scales, storage
 from .model import check_tokens
 
 
@@ -34,6 +35,11 @@ def _positive_int(name, value) -> int:
     if not is_int(value) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
+
+
+def _check_id(name, seq_id) -> None:
+    if not isinstance(seq_id, Hashable):
+        raise TypeError(f"{name} must be hashable (a str or an int names a sequence), got {type(seq_id).__name__}")
 
 
 def _token_list(tokens) -> list:
@@ -73,6 +79,7 @@ class BlockManager:
 
     # -- helpers
     def _check_seq(self, seq_id):
+        _check_id("seq_id", seq_id)
         if seq_id not in self.tables:
             raise ValueError(f"unknown sequence {seq_id!r}: never allocated, or already freed")
 
@@ -125,7 +132,7 @@ class BlockManager:
 
     # -- the allocator's verbs
     def can_allocate(self, n_tokens: int) -> bool:
-        return self._blocks_for(n_tokens) <= self.num_free
+        return self._blocks_for(_positive_int("n_tokens", n_tokens)) <= self.num_free
 
     def allocate(self, seq_id, tokens) -> int:
         """Give a new sequence blocks for its prompt, reusing registered full blocks of the same prefix.
@@ -134,6 +141,7 @@ class BlockManager:
         to compute (its logits are needed); if it sits in a shared block, that block is copied first.
         """
         tokens = _token_list(tokens)
+        _check_id("seq_id", seq_id)
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id!r} is already allocated")
         bs, hits, parent = self.block_size, [], ""
@@ -179,6 +187,7 @@ class BlockManager:
         """Free blocks that n more tokens after the written ones take: new blocks past the table's
         end, and a private copy of a shared block they would write into."""
         self._check_seq(seq_id)
+        n = _positive_int("n", n)
         start, table = self.computed[seq_id], self.tables[seq_id]
         shared = start % self.block_size and self.ref[table[start // self.block_size]] > 1
         return max(0, self._blocks_for(start + n) - len(table)) + bool(shared)
@@ -249,6 +258,7 @@ class BlockManager:
     def fork(self, parent, child) -> None:
         """A child sequence sharing every written block of its parent (parallel sampling, beam search)."""
         self._check_seq(parent)
+        _check_id("child", child)
         if child in self.tables:
             raise ValueError(f"sequence {child!r} is already allocated")
         n = self.computed[parent]
@@ -276,10 +286,8 @@ class PagedKVCache:
 
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int = 16, prefix_caching: bool = True,
                  dtype="float32", granularity: str = "position", calibration=None):
-        if not isinstance(cfg, ModelConfig):
-            raise TypeError(f"cfg must be a lib.config.ModelConfig, got {type(cfg).__name__}")
+        self.kind, self.granularity, stored, width = storage(cfg, dtype, granularity, calibration)
         self.cfg = cfg
-        self.kind, self.granularity, stored, width = storage(cfg, dtype, granularity)
         self.manager = BlockManager(num_blocks, block_size, prefix_caching)
         shape = (self.manager.num_blocks, cfg.n_kv_head, self.manager.block_size, width)
         self.k = [np.zeros(shape, stored) for _ in range(cfg.n_layer)]
@@ -288,7 +296,7 @@ class PagedKVCache:
             self.k_scale = [np.ones(shape[:3], np.float32) for _ in range(cfg.n_layer)]  # (blocks, Hkv, bs)
             self.v_scale = [np.ones(shape[:3], np.float32) for _ in range(cfg.n_layer)]
         elif self.granularity is not None:
-            k_fixed, v_fixed = fixed_scales(cfg, self.kind, self.granularity, calibration)
+            k_fixed, v_fixed = fixed_scales(self.kind, self.granularity, calibration)
             self.k_scale = [s.reshape(1, -1, 1) for s in k_fixed]  # (1, Hkv or 1, 1)
             self.v_scale = [s.reshape(1, -1, 1) for s in v_fixed]
         else:
@@ -342,12 +350,17 @@ class PagedKVCache:
         return PagedSequence(self, seq_id)
 
     def fork(self, parent: "PagedSequence", child_id) -> "PagedSequence":
-        self.manager.fork(parent.seq_id, child_id)
+        self.manager.fork(self._own(parent, "parent").seq_id, child_id)
         return PagedSequence(self, child_id)
 
     def free(self, seq: "PagedSequence") -> None:
         """Drop a sequence and release its blocks."""
-        self.manager.deallocate(seq.seq_id)
+        self.manager.deallocate(self._own(seq, "seq").seq_id)
+
+    def _own(self, seq, name) -> "PagedSequence":
+        if not isinstance(seq, PagedSequence) or seq.pool is not self:
+            raise TypeError(f"{name} must be a sequence of this pool (from add or fork), got {type(seq).__name__}")
+        return seq
 
 
 class PagedSequence:
@@ -378,6 +391,7 @@ class PagedSequence:
         return their logits. Slots are reserved for these tokens; if the step fails, the sequence
         and the pool are as they were, and its blocks become findable only once written."""
         manager, start = self.pool.manager, self.n
+        check_step(step)
         new_tokens = check_tokens(new_tokens, self.cfg, start)
         reservation = manager.reserve(self.seq_id, new_tokens)
         self.pool._apply_copies()
@@ -394,7 +408,7 @@ class PagedSequence:
         return logits
 
     def check_room(self, count: int) -> None:
-        if count != self._armed:
+        if not is_int(count) or count != self._armed:
             raise ValueError(f"sequence {self.seq_id!r} computes tokens only through feed(tokens, step), "
                              f"which reserves their slots: {count} positions were asked outside it")
 
@@ -402,16 +416,34 @@ class PagedSequence:
         pos = np.arange(start, stop)
         return np.asarray(self.block_table)[pos // self.pool.manager.block_size], pos % self.pool.manager.block_size
 
+    def _check_layer(self, layer) -> None:
+        if not is_int(layer) or not 0 <= layer < self.cfg.n_layer:
+            raise ValueError(f"layer must be an integer in 0..{self.cfg.n_layer - 1}, got {layer!r}")
+
     def write(self, layer, k, v):
-        """Scatter K, V (Hkv, T, D) of positions n..n+T-1 into their blocks."""
+        """Scatter K, V (Hkv, T, D) of positions n..n+T-1 into their blocks (T: the tokens `feed` reserved)."""
+        self._check_layer(layer)
+        expected = (self.cfg.n_kv_head, self._armed, self.cfg.head_dim)
+        if not self._armed or np.shape(k) != expected or np.shape(v) != expected:
+            raise ValueError(f"k and v must be (n_kv_head, T, head_dim) = {expected} for the {self._armed} positions "
+                             f"that feed reserved, got shapes {np.shape(k)} and {np.shape(v)}")
         blocks, offsets = self._slots(self.n, self.n + k.shape[1])
         self.pool.store(layer, blocks, offsets, k.transpose(1, 0, 2), v.transpose(1, 0, 2))  # (T, Hkv, D)
 
     def read(self, layer, end):
-        """Gather K, V of positions 0..end-1 through the block table: (Hkv, end, D) each, float32."""
+        """Gather K, V of positions 0..end-1 through the block table: (Hkv, end, D) each, float32. Only
+        written positions, and inside `feed` the ones it reserved."""
+        self._check_layer(layer)
+        written = self.n + self._armed
+        if not is_int(end) or not 1 <= end <= written:
+            raise ValueError(f"end must be an integer in 1..{written}: sequence {self.seq_id!r} holds {written} "
+                             f"written or reserved positions, got {end!r}")
         return self.pool.load(layer, self.block_table[:-(-end // self.pool.manager.block_size)], end)
 
     def advance(self, count):
+        if not is_int(count) or count != self._armed or not count:
+            raise ValueError(f"sequence {self.seq_id!r} advances only inside feed(tokens, step), by the {self._armed} "
+                             f"positions it reserved, got count {count!r}")
         self.pool.manager.computed[self.seq_id] += count
         self._armed = 0
 

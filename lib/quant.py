@@ -17,19 +17,47 @@ QMAX = {"int8": 127, "int4": 7, "fp8": 448.0}  # fp8: the largest finite e4m3 va
 GRANULARITIES = ("position", "head", "tensor")
 
 
+CODE_DTYPES = {"int8": np.int8, "int4": np.uint8, "fp8": np.uint8}  # int4: two codes per byte
+
+
 def check_kind(kind) -> None:
-    if kind not in QMAX:
+    if not isinstance(kind, str) or kind not in QMAX:
         raise ValueError(f"quantized kind must be one of {', '.join(QMAX)}, got {kind!r}")
+
+
+def check_granularity(granularity) -> None:
+    if not isinstance(granularity, str) or granularity not in GRANULARITIES:
+        raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}, got {granularity!r}")
+
+
+def check_values(x, name: str = "x") -> np.ndarray:
+    """Values to quantize: a float array (..., D) with D >= 1, every value finite."""
+    x = np.asarray(x)
+    if x.dtype.kind not in "iuf" or x.ndim == 0 or x.shape[-1] == 0:
+        raise ValueError(f"{name} must be a non-empty array of numbers (..., D), got {x.dtype} of shape {x.shape}")
+    if not np.isfinite(x).all():
+        raise ValueError(f"{name} must be finite: NaN or inf has no code")
+    return x
+
+
+def check_scales(scale, shape) -> np.ndarray:
+    """Scales that broadcast to `shape` (the values' or the codes' shape), finite and > 0."""
+    scale = np.asarray(scale)
+    fits = scale.ndim <= len(shape) and all(s in (1, n) for s, n in zip(scale.shape[::-1], shape[::-1]))
+    if scale.dtype.kind not in "iuf" or not fits:
+        raise ValueError(f"scales must be numbers broadcastable to {tuple(shape)}, got {scale.dtype} of shape {scale.shape}")
+    if not (np.isfinite(scale).all() and (scale > 0).all()):
+        raise ValueError("scales must be finite and > 0 (a group of all-zero values still needs a positive scale)")
+    return scale
 
 
 def quantize(x, scale, kind: str):
     """Codes of x (..., D) for the given scale (broadcastable to x): int8, or int4 packed to (..., D/2) uint8."""
     check_kind(kind)
-    x, scale = np.asarray(x), np.asarray(scale)
+    x = check_values(x)
     if kind == "int4" and x.shape[-1] % 2:
         raise ValueError(f"int4 packs two codes per byte: the last dimension ({x.shape[-1]}) must be even")
-    if not (np.isfinite(scale).all() and (scale > 0).all()):
-        raise ValueError("scales must be finite and > 0 (a group of all-zero values still needs a positive scale)")
+    scale = check_scales(scale, x.shape)
     if kind == "fp8":
         return fp8_encode(x / scale)  # (..., D) uint8
     qmax = QMAX[kind]
@@ -44,6 +72,11 @@ def quantize(x, scale, kind: str):
 def dequantize(codes, scale, kind: str) -> np.ndarray:
     """float32 values from codes and scales (the inverse of quantize, up to rounding)."""
     check_kind(kind)
+    codes = np.asarray(codes)
+    if codes.dtype != CODE_DTYPES[kind] or codes.ndim == 0:
+        raise ValueError(f"{kind} codes must be an array of {np.dtype(CODE_DTYPES[kind]).name} (from quantize), "
+                         f"got {codes.dtype} of shape {codes.shape}")
+    scale = check_scales(scale, codes.shape[:-1] + (codes.shape[-1] * (2 if kind == "int4" else 1),))
     if kind == "fp8":
         return fp8_decode(codes) * scale
     if kind == "int8":
@@ -58,20 +91,41 @@ def position_scales(x, kind: str):
     """One scale per head and position: max |x| over the head dimension / qmax, as float16.
 
     Rounded up to the next float16 (so no code is clipped) and at least float16's smallest normal
-    number (so the scale is never zero or subnormal)."""
-    s = np.maximum(np.abs(x).max(axis=-1, keepdims=True) / QMAX[kind], np.finfo(np.float16).tiny)  # (Hkv, T, 1)
+    number (so the scale is never zero or subnormal). A group of all zeros gets that smallest
+    scale and zero codes; a group whose largest |value| is not zero but so small that even that
+    scale would give it only zero codes is refused, rather than silently stored as zeros."""
+    check_kind(kind)
+    x = np.asarray(x)
+    if x.dtype.kind not in "iuf" or x.ndim == 0 or x.shape[-1] == 0:
+        raise ValueError(f"K/V values must be a non-empty array of numbers (..., D), got {x.dtype} of shape {x.shape}")
+    amax = np.abs(x).max(axis=-1, keepdims=True)  # (Hkv, T, 1)
+    s = np.maximum(amax / QMAX[kind], np.finfo(np.float16).tiny)
     if not (s <= np.finfo(np.float16).max).all():  # also catches NaN
         raise ValueError(f"K/V values up to {float(np.nanmax(np.abs(x)))!r} (or NaN) have no float16 scale: "
                          f"the largest is {float(np.finfo(np.float16).max) * QMAX[kind]:.4g} for {kind}")
+    lost = (amax > 0) & (amax < smallest_coded(kind))
+    if lost.any():
+        raise ValueError(f"K/V values as small as {float(amax[lost].max())!r} (a group's largest |value|) have no "
+                         f"float16 scale: every code would be 0; a nonzero group needs a largest |value| of at least "
+                         f"{smallest_coded(kind):.3g} for {kind} (a group of all zeros is fine)")
     s16 = s.astype(np.float16)
     return np.where(s16.astype(s.dtype) < s, np.nextafter(s16, np.float16(np.inf)), s16)
+
+
+def smallest_coded(kind: str) -> float:
+    """The smallest largest-|value| of a group that still gets a nonzero code with the smallest
+    float16 scale: half a step for int8 and int4 (rint rounds half to even, so just above it),
+    half of fp8's smallest subnormal for fp8."""
+    check_kind(kind)
+    step = float(E4M3[1]) if kind == "fp8" else 1.0
+    return float(np.nextafter(np.float32(step / 2 * np.finfo(np.float16).tiny), np.float32(1)))
 
 
 def calibrate(params, cfg, tokens):
     """Max |K| and |V| per layer and KV head over a calibration text: two (n_layer, Hkv) arrays."""
     from .kv_cache import KVCache
-    from .model import forward_cached
-    cache = KVCache(cfg, len(tokens))
+    from .model import check_tokens, forward_cached
+    cache = KVCache(cfg, len(check_tokens(tokens, cfg)))
     forward_cached(params, cfg, tokens, cache)
     k_max = np.array([np.abs(k[:, :len(tokens)]).max(axis=(1, 2)) for k in cache.k])  # (L, Hkv)
     v_max = np.array([np.abs(v[:, :len(tokens)]).max(axis=(1, 2)) for v in cache.v])  # (L, Hkv)
@@ -80,10 +134,18 @@ def calibrate(params, cfg, tokens):
 
 def static_scales(absmax, granularity: str, kind: str):
     """Per layer, the fixed scale for 'head' (Hkv, 1, 1) or 'tensor' (1, 1, 1) granularity, float32."""
-    absmax = np.asarray(absmax, np.float64)
-    if not (np.isfinite(absmax).all() and (absmax > 0).all()):
+    if granularity not in ("head", "tensor"):
+        raise ValueError(f"granularity of fixed scales must be head or tensor, got {granularity!r}")
+    check_kind(kind)
+    absmax = np.asarray(absmax)
+    if absmax.dtype.kind not in "iuf" or absmax.ndim != 2 or absmax.size == 0:
+        raise ValueError(f"calibration maxima must be a (n_layer, n_kv_head) array of numbers, got {absmax.dtype} "
+                         f"of shape {absmax.shape}")
+    absmax = absmax.astype(np.float64)
+    if not (np.isfinite(absmax).all() and (absmax / QMAX[kind] >= np.finfo(np.float32).tiny).all()):
         raise ValueError("calibration maxima must be finite and > 0 for every layer and KV head "
-                         "(all-zero, NaN or inf calibration would give no usable scale)")
+                         "(all-zero, NaN or inf calibration would give no usable scale; values below "
+                         f"{np.finfo(np.float32).tiny * QMAX[kind]:.3g} give a float32 scale that underflows)")
     if granularity == "head":
         return [(m / QMAX[kind]).astype(np.float32)[:, None, None] for m in absmax]
     return [np.full((1, 1, 1), m.max() / QMAX[kind], np.float32) for m in absmax]
@@ -103,7 +165,8 @@ def fp8_encode(x) -> np.ndarray:
     """fp8 e4m3 codes (uint8 bit patterns) of x: round to the nearest e4m3 value, ties to an even
     mantissa, saturating at +-448 (like vLLM's fp8 KV cache, which stores torch.float8_e4m3fn values of
     x / scale, clamped to the format's range first)."""
-    a = np.minimum(np.abs(np.asarray(x, np.float64)), E4M3[-1])  # (...,) saturate at 448
+    x = check_values(x)
+    a = np.minimum(np.abs(x.astype(np.float64)), E4M3[-1])  # (...,) saturate at 448
     hi = np.minimum(np.searchsorted(E4M3, a), len(E4M3) - 1)  # first value >= a
     lo = np.maximum(hi - 1, 0)
     d_lo, d_hi = a - E4M3[lo], E4M3[hi] - a
@@ -113,6 +176,10 @@ def fp8_encode(x) -> np.ndarray:
 
 def fp8_decode(codes) -> np.ndarray:
     """float32 values of fp8 e4m3 codes from fp8_encode."""
-    codes = np.asarray(codes, np.uint8)
+    codes = np.asarray(codes)
+    if codes.dtype != np.uint8:
+        raise ValueError(f"fp8 codes must be a uint8 array of bit patterns (from fp8_encode), got {codes.dtype}")
+    if ((codes & 0x7F) == 0x7F).any():
+        raise ValueError("fp8 codes 0x7F and 0xFF are NaN in e4m3fn, which fp8_encode never writes")
     value = E4M3[codes & 0x7F].astype(np.float32)
     return np.where(codes & 0x80, -value, value)

@@ -52,19 +52,20 @@ def probs_from_logits(logits, temperature: float = 1.0) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)  # (..., V)
 
 
-def check_probs(probs) -> np.ndarray:
-    """A 1-D, non-negative vector summing to 1 (within PROB_TOL), else a ValueError saying which."""
+def check_probs(probs, name: str = "probabilities") -> np.ndarray:
+    """A 1-D, non-negative vector summing to 1 (within PROB_TOL), else a ValueError saying which.
+    Two reductions when it is one (a NaN fails `min >= 0`, an inf the sum)."""
     p = np.asarray(probs)
     if p.dtype.kind not in "iuf":
-        raise ValueError(f"probabilities must be numbers, got dtype {p.dtype}")
-    p = p.astype(np.float64, copy=False)
+        raise ValueError(f"{name} must be numbers, got dtype {p.dtype}")
     if p.ndim != 1 or p.size == 0:
-        raise ValueError(f"probabilities must be a non-empty 1-D vector, got shape {p.shape}")
-    if not np.isfinite(p).all() or (p < 0).any():
-        raise ValueError("probabilities must be finite and non-negative")
+        raise ValueError(f"{name} must be a non-empty 1-D vector, got shape {p.shape}")
+    p = p.astype(np.float64, copy=False)
     total = p.sum()
-    if abs(total - 1.0) > PROB_TOL:
-        raise ValueError(f"probabilities sum to {total:.9g}, not 1: normalise them (softmax) first")
+    if not (p.min() >= 0 and abs(total - 1.0) <= PROB_TOL):
+        if not np.isfinite(p).all() or (p < 0).any():
+            raise ValueError(f"{name} must be finite and non-negative")
+        raise ValueError(f"{name} sum to {total:.9g}, not 1: normalise them (softmax) first")
     return p
 
 
@@ -87,6 +88,7 @@ def draw(p: np.ndarray, rng: np.random.Generator) -> int:
 
 def next_token(logits, temperature: float, rng: np.random.Generator) -> int:
     """Greedy at temperature 0 (no random number is drawn), else a sample from the softmax."""
+    check_rng(rng)
     if temperature == 0:
         return int(np.argmax(check_logits(logits)))
     return draw(probs_from_logits(logits, temperature), rng)

@@ -18,11 +18,20 @@ from .generate import check_request
 from .kv_cache import KVCache
 from .lean import cached_step
 from .model import check_cache, check_tokens
-from .sampling import check_seed, draw, probs_from_logits
+from .sampling import check_probs, check_rng, check_seed, draw, probs_from_logits
+
+
+def check_pq(p, q):
+    """p (the target's) and q (the draft's) as float64 distributions over the same vocabulary."""
+    p, q = check_probs(p, "p (the target's probabilities)"), check_probs(q, "q (the draft's probabilities)")
+    if p.shape != q.shape:
+        raise ValueError(f"p and q must be distributions over one vocabulary: p has {p.size} outcomes, q {q.size}")
+    return p, q
 
 
 def residual(p, q) -> np.ndarray:
     """norm(max(0, p - q)): where to draw from after a rejection (p if p == q)."""
+    p, q = check_pq(p, q)
     r = np.maximum(p - q, 0.0)  # (V,)
     total = r.sum()
     return r / total if total > 0 else p
@@ -34,14 +43,17 @@ def step_distribution(p, q) -> np.ndarray:
     Equals p: accepted mass min(p, q), plus rejected mass sum(max(0, q - p)) = sum(max(0, p - q))
     times the residual max(0, p - q) / sum(max(0, p - q)).
     """
-    p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
+    p, q = check_pq(p, q)
     accepted = np.minimum(p, q)  # (V,)
     return accepted + (1.0 - accepted.sum()) * residual(p, q)
 
 
 def accept_or_resample(p, q, x: int, rng: np.random.Generator):
     """Judge drafted token x ~ q against the target's p: (True, x) or (False, token from the residual)."""
-    if rng.random() < min(1.0, p[x] / q[x]):
+    p, q = check_pq(p, q)
+    if not is_int(x) or not 0 <= x < q.size or q[x] == 0:
+        raise ValueError(f"x must be a token the draft could draw: an integer in 0..{q.size - 1} with q[x] > 0, got {x!r}")
+    if check_rng(rng).random() < min(1.0, p[x] / q[x]):
         return True, x
     return False, draw(residual(p, q), rng)
 
@@ -80,6 +92,9 @@ class SpecStats:
 
 def check_pair(target_cfg: ModelConfig, draft_cfg: ModelConfig, k, dynamic: bool = False, k_max=16) -> None:
     """Same vocabulary; k (and with `dynamic`, k_max >= k) an integer from 1 to the context length."""
+    for name, cfg in (("target_cfg", target_cfg), ("draft_cfg", draft_cfg)):
+        if not isinstance(cfg, ModelConfig):
+            raise TypeError(f"{name} must be a lib.config.ModelConfig, got {type(cfg).__name__}")
     if target_cfg.vocab_size != draft_cfg.vocab_size:
         raise ValueError(f"draft and target must share a vocabulary: the target has {target_cfg.vocab_size} "
                          f"tokens, the draft {draft_cfg.vocab_size}")
@@ -233,13 +248,14 @@ def speculative_generate(target, draft, prompt, n_new: int, k: int = 4, temperat
 
 def check_formula_args(alpha, k, c=0.0, verify=1.0) -> None:
     """alpha a probability, k an integer >= 1, c >= 0 and verify > 0 (finite numbers)."""
-    if not (isinstance(alpha, (int, float, np.number)) and 0 <= alpha <= 1):
+    number = lambda x: isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+    if not (number(alpha) and 0 <= alpha <= 1):
         raise ValueError(f"alpha (the acceptance rate) must be in [0, 1], got {alpha!r}")
     if not is_int(k) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
-    if not (isinstance(c, (int, float, np.number)) and 0 <= c < float("inf")):
+    if not (number(c) and 0 <= c < float("inf")):
         raise ValueError(f"c (draft cost / target cost) must be a finite number >= 0, got {c!r}")
-    if not (isinstance(verify, (int, float, np.number)) and 0 < verify < float("inf")):
+    if not (number(verify) and 0 < verify < float("inf")):
         raise ValueError(f"verify (cost of a (k+1)-token target call / one token) must be a finite number > 0, got {verify!r}")
 
 

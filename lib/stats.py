@@ -10,6 +10,7 @@ import numpy as np
 from scipy import stats
 
 from .config import is_int
+from .sampling import check_seed
 
 
 def check_distribution(p, name: str = "p", tol: float = 1e-6) -> np.ndarray:
@@ -32,7 +33,7 @@ def tvd(a, b) -> float:
     """Total variation distance: half the L1 distance between two distributions."""
     a, b = check_distribution(a, "a"), check_distribution(b, "b")
     if a.shape != b.shape:
-        raise ValueError(f"the two distributions have {a.size} and {b.size} outcomes")
+        raise ValueError(f"a and b must be distributions over the same outcomes: a has {a.size}, b {b.size}")
     return 0.5 * float(np.abs(a - b).sum())
 
 
@@ -68,9 +69,17 @@ def chi_square_pvalue(counts, p) -> float:
 def pool_rare(p, *freqs, min_prob: float):
     """Keep the outcomes with p >= min_prob and pool the rest into one last outcome, in p and in each
     frequency vector: fewer outcomes, so n samples resolve smaller differences."""
-    p = np.asarray(p, np.float64)
+    p = check_distribution(p)
+    if isinstance(min_prob, bool) or not isinstance(min_prob, (int, float, np.integer, np.floating)) \
+            or not 0 <= min_prob <= 1:
+        raise ValueError(f"min_prob must be a probability in [0, 1], got {min_prob!r}")
+    freqs = [np.asarray(f) for f in freqs]
+    for i, f in enumerate(freqs):
+        if f.dtype.kind not in "iuf" or f.shape != p.shape or not np.isfinite(f).all():
+            raise ValueError(f"frequency vector {i} must be {p.size} finite numbers, one per outcome of p, "
+                             f"got {f.dtype} of shape {f.shape}")
     keep = p >= min_prob
-    pooled = [np.append(np.asarray(f, np.float64)[keep], np.asarray(f, np.float64)[~keep].sum()) for f in (p,) + freqs]
+    pooled = [np.append(np.asarray(f, np.float64)[keep], np.asarray(f, np.float64)[~keep].sum()) for f in (p, *freqs)]
     return pooled[0] if not freqs else tuple(pooled)
 
 
@@ -80,7 +89,7 @@ def two_sample_tvd_null(p, n: int, trials: int = 1000, seed: int = 0) -> np.ndar
     p = check_distribution(p)
     _check_count(n)
     _check_count(trials, "trials")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed))
     a = rng.multinomial(n, p / p.sum(), size=trials) / n  # (trials, V)
     b = rng.multinomial(n, p / p.sum(), size=trials) / n  # (trials, V)
     return 0.5 * np.abs(a - b).sum(axis=1)

@@ -1,8 +1,17 @@
+import copy
+import os
+
 import numpy as np
 import pytest
+from hypothesis import settings
 
 from lib.config import DRAFT, TARGET, ModelConfig
 from lib.model import init_params
+
+# hypothesis: its default profile (its "ci" one under CI); HYPOTHESIS_PROFILE=thorough runs ten times the examples
+settings.register_profile("thorough", max_examples=1000, deadline=None)
+if os.environ.get("HYPOTHESIS_PROFILE"):
+    settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
 
 GQA = ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=64)
 MQA = ModelConfig(n_layer=2, n_head=4, n_kv_head=1, n_embd=32, block_size=64)
@@ -22,3 +31,9 @@ def perturbed_params(cfg, seed=0):
 def model(request):
     cfg = CONFIGS[request.param]
     return perturbed_params(cfg), cfg
+
+
+def pool_state(pool):
+    """Everything a paged pool holds: the manager's counts and tables, and the K blocks."""
+    m = pool.manager
+    return copy.deepcopy((m.ref, list(m.free), m.tables, m.tokens, m.computed, m.hash_to_block)), [k.copy() for k in pool.k]

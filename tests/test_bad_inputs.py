@@ -1,7 +1,6 @@
 """One bad input of each kind found by an adversarial probe of the public API: each gets an
 exception of the right type whose message names the problem, and changes no state (cache n and
 contents, block tables, free list, reference counts)."""
-import copy
 import gc
 import json
 import warnings
@@ -11,21 +10,41 @@ import pytest
 
 from lib import memory, quant, stats, tokenizer
 from lib.config import DRAFT, TARGET, ModelConfig
+from lib.gqa import mean_pool_kv
 from lib.generate import complete, generate
 from lib.kv_cache import KVCache
 from lib.lean import LeanModel
 from lib.model import forward, forward_cached, load, save
 from lib.paged import BlockManager, PagedKVCache
 from lib.sampling import probs_from_logits, sample
-from lib.speculative import PromptLookup, expected_speedup, expected_tokens_per_call, speculative_generate
+from lib.speculative import (PromptLookup, accept_or_resample, expected_speedup, expected_tokens_per_call, residual,
+                             speculative_generate, step_distribution)
 from lib.widgets import slider_plot
 
-from conftest import GQA, perturbed_params
+from conftest import GQA, perturbed_params, pool_state
 
 PARAMS = perturbed_params(DRAFT, seed=3)
 OTHER = perturbed_params(GQA, seed=4)  # params of another config
 RNG = np.random.default_rng(0)
 HF = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64}
+
+
+def without(key):
+    params = dict(PARAMS)
+    del params[key]
+    return params
+
+
+def fed(cache):
+    """The cache after two tokens."""
+    forward_cached(PARAMS, DRAFT, [1, 2], cache)
+    return cache
+
+
+def fed_paged():
+    seq = PagedKVCache(DRAFT, num_blocks=4, block_size=4).add("a", [1, 2])
+    seq.feed([1, 2], lambda t, c: forward_cached(PARAMS, DRAFT, t, c))
+    return seq
 
 
 def wrong_bias():
@@ -77,13 +96,44 @@ CASES = [
     ("decode of non-integer ids", lambda: tokenizer.decode([1.5]), ValueError, "integer token ids"),
     ("encode(None)", lambda: tokenizer.encode(None), TypeError, "encode takes a str, got NoneType"),
     ("encode(bytes)", lambda: tokenizer.encode(b"abc"), TypeError, "decode bytes to str first"),
-    ("tvd of different lengths", lambda: stats.tvd([0.5, 0.5], [1.0]), ValueError, "2 and 1 outcomes"),
+    ("tvd of different lengths", lambda: stats.tvd([0.5, 0.5], [1.0]), ValueError, "a has 2, b 1"),
     ("tvd of an unnormalized p", lambda: stats.tvd([0.5, 0.6], [0.5, 0.5]), ValueError, "sums to 1.1"),
     ("noise floor for n = 0", lambda: stats.tvd_noise_floor([0.5, 0.5], 0), ValueError, "n \\(the number of samples\\) must be an integer >= 1"),
     ("chi-square with mismatched counts", lambda: stats.chi_square_pvalue([1, 2, 3], [0.5, 0.5]), ValueError, "one per outcome of p"),
     ("alpha outside [0, 1]", lambda: expected_tokens_per_call(1.5, 3), ValueError, "alpha .* must be in \\[0, 1\\], got 1.5"),
     ("k < 1 in the formula", lambda: expected_speedup(0.5, 0, 0.1), ValueError, "k must be an integer >= 1, got 0"),
     ("verify <= 0", lambda: expected_speedup(0.5, 2, 0.1, verify=0), ValueError, "verify .* must be a finite number > 0"),
+    ("KVSpec with no K/V heads", lambda: memory.KVSpec("m", 2, 0, 64, (None, None)), ValueError, "KVSpec.n_kv_head must be an integer >= 1, got 0"),
+    ("KVSpec with a window per layer missing", lambda: memory.KVSpec("m", 2, 1, 64, (None,)), ValueError, "one entry per layer \\(2\\)"),
+    ("from_model_config(None)", lambda: memory.from_model_config(None), TypeError, "cfg must be a lib.config.ModelConfig, got NoneType"),
+    ("HF config that is a list", lambda: memory.from_hf_config([HF]), TypeError, "config must be a dict or the path of a config.json, got list"),
+    ("HF config None", lambda: memory.from_hf_config(None), TypeError, "config must be a dict or the path of a config.json, got NoneType"),
+    ("HF config at a path that does not exist", lambda: memory.from_hf_config("/nonexistent/config.json"), FileNotFoundError, "config file /nonexistent/config.json does not exist"),
+    ("HF config with layer_types a number", lambda: memory.from_hf_config(HF | {"layer_types": 2}), ValueError, "layer_types must be a list of strings, got 2"),
+    ("load with a folder None", lambda: load("draft", folder=None), TypeError, "folder must be a path, got NoneType"),
+    ("load with a name None", lambda: load(None), TypeError, "name must be the file stem of a checkpoint"),
+    ("static scales of an unknown granularity", lambda: quant.static_scales(np.ones((1, 2)), "block", "int8"), ValueError, "granularity of fixed scales must be head or tensor, got 'block'"),
+    ("float32 cache of an unknown granularity", lambda: KVCache(DRAFT, 8, "float32", "block"), ValueError, "granularity must be one of position, head, tensor, got 'block'"),
+    ("position scales of an unknown kind", lambda: quant.position_scales(np.ones((1, 1, 2)), "int3"), ValueError, "quantized kind must be one of int8, int4, fp8, got 'int3'"),
+    ("int8 values whose scale underflows", lambda: quant.position_scales(np.full((1, 1, 4), 1e-6), "int8"), ValueError, "as small as 1e-06 .*every code would be 0.*all zeros is fine"),
+    ("fp8 values whose scale underflows", lambda: quant.position_scales(np.full((1, 1, 4), 1e-9), "fp8"), ValueError, "every code would be 0"),
+    ("calibration whose float32 scale underflows", lambda: quant.static_scales(np.full((1, 2), 1e-45), "head", "int8"), ValueError, "float32 scale that underflows"),
+    ("quantize NaN", lambda: quant.quantize(np.array([[np.nan, 1.0]]), 1.0, "int8"), ValueError, "x must be finite"),
+    ("dequantize float codes", lambda: quant.dequantize(np.zeros((1, 2)), 1.0, "int4"), ValueError, "int4 codes must be an array of uint8"),
+    ("quantize with scales of the wrong shape", lambda: quant.quantize(np.ones((2, 4)), np.ones(3), "int8"), ValueError, "broadcastable to \\(2, 4\\)"),
+    ("residual of an unnormalized p", lambda: residual([0.5, 0.6], [0.5, 0.5]), ValueError, "p \\(the target's probabilities\\) sum to 1.1, not 1"),
+    ("step distribution of p and q of different lengths", lambda: step_distribution([0.5, 0.5], [1 / 3] * 3), ValueError, "p has 2 outcomes, q 3"),
+    ("accept a token the draft cannot draw", lambda: accept_or_resample([0.5, 0.5], [1.0, 0.0], 1, RNG), ValueError, "x must be a token the draft could draw"),
+    ("accept with an unnormalized q", lambda: accept_or_resample([0.5, 0.5], [1.0, 1.0], 0, RNG), ValueError, "q \\(the draft's probabilities\\) sum to 2"),
+    ("pool_rare with frequencies of another length", lambda: stats.pool_rare([0.5, 0.5], [0.2, 0.3, 0.5], min_prob=0.1), ValueError, "frequency vector 0 must be 2 finite numbers"),
+    ("read a cache past what was written", lambda: fed(KVCache(DRAFT, 8)).read(0, 3), ValueError, "end must be an integer in 1..2: layer 0 of the KV cache holds 2 written positions, got 3"),
+    ("read a quantized cache past what was written", lambda: fed(KVCache(DRAFT, 8, "int8")).read(0, 8), ValueError, "holds 2 written positions"),
+    ("read a layer that does not exist", lambda: fed(KVCache(DRAFT, 8)).read(-1, 2), ValueError, "layer must be an integer in 0..0, got -1"),
+    ("advance a cache past what was written", lambda: fed(KVCache(DRAFT, 8)).advance(1), ValueError, "cannot advance the KV cache by 1"),
+    ("write K/V of the wrong shape", lambda: KVCache(DRAFT, 8).write(0, np.zeros((2, 1, 5)), np.zeros((2, 1, 5))), ValueError, "k and v must be \\(n_kv_head, T, head_dim\\)"),
+    ("read a paged sequence past what was written", lambda: fed_paged().read(0, 3), ValueError, "sequence 'a' holds 2 written or reserved positions, got 3"),
+    ("advance a paged sequence outside feed", lambda: fed_paged().advance(1), ValueError, "advances only inside feed"),
+    ("pool heads with a checkpoint key missing", lambda: mean_pool_kv(without("h.0.attn.c_attn.weight"), DRAFT, 1), ValueError, "params\\['h.0.attn.c_attn.weight'\\] is missing"),
     ("slider values a scalar", lambda: slider_plot(lambda k: str(k), {"k": 3}), ValueError, "slider 'k' needs a sequence of values, got 3"),
     ("slider initial value off the grid", lambda: slider_plot(lambda k: str(k), {"k": [1, 2]}, initial={"k": 5}), ValueError, "initial value 5 for 'k' is not one of"),
 ]
@@ -112,11 +162,6 @@ def test_subnormal_temperature_is_greedy_not_nan():
     assert np.array_equal(p, [0.0, 1.0, 0.0])
 
 
-def _pool_state(pool):
-    m = pool.manager
-    return copy.deepcopy((m.ref, list(m.free), m.tables, m.tokens, m.computed, m.hash_to_block)), [k.copy() for k in pool.k]
-
-
 @pytest.mark.parametrize("what, bad", [
     ("free twice", lambda pool, seq: pool.free(seq)),
     ("fork an unknown id", lambda pool, seq: pool.manager.fork("nobody", "c")),
@@ -133,11 +178,11 @@ def test_paged_misuse_is_a_clear_error_and_changes_nothing(what, bad):
     a.feed([1, 2, 3, 4, 5], lambda t, c: forward_cached(PARAMS, DRAFT, t, c))
     b = pool.add("b", [1, 2, 3, 4, 9])
     pool.free(b)
-    before = _pool_state(pool)
+    before = pool_state(pool)
     seq = b if what == "free twice" else a
     with pytest.raises(ValueError, match="unknown sequence|integer|outside the vocabulary|already allocated|cannot truncate"):
         bad(pool, seq)
-    after = _pool_state(pool)
+    after = pool_state(pool)
     assert after[0] == before[0] and all((x == y).all() for x, y in zip(after[1], before[1]))
 
 
@@ -175,3 +220,37 @@ def test_string_weights_are_corrupt_not_a_numpy_error(tmp_path):
         load("draft", folder=tmp_path)
     meta = json.loads((tmp_path / "draft.json").read_text())
     assert meta["config"]["n_head"] == 2
+
+
+def test_an_all_zero_group_is_quantized_not_refused():
+    scales = quant.position_scales(np.zeros((1, 2, 4)), "int8")
+    assert (scales == np.finfo(np.float16).tiny).all()
+    assert not quant.quantize(np.zeros((1, 2, 4)), scales.astype(np.float32), "int8").any()
+
+
+@pytest.mark.parametrize("text, error, message", [
+    ("{not json", ValueError, "is not a readable JSON file"),
+    ("[1, 2]", ValueError, "holds a JSON list, not an object of fields"),
+])
+def test_a_config_file_that_is_not_a_json_object(tmp_path, text, error, message):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(error, match=message):
+        memory.from_hf_config(tmp_path / "config.json")
+
+
+@pytest.mark.parametrize("meta, message", [
+    ([1, 2], "is corrupt \\(no config object\\)"),
+    ({"config": None}, "is corrupt \\(no config object\\)"),
+])
+def test_metadata_without_a_config_object(tmp_path, meta, message):
+    save(PARAMS, DRAFT, "draft", {}, folder=tmp_path)
+    (tmp_path / "draft.json").write_text(json.dumps(meta))
+    with pytest.raises(FileNotFoundError, match=message):
+        load("draft", folder=tmp_path)
+
+
+def test_metadata_with_an_invalid_config_names_the_json(tmp_path):
+    save(PARAMS, DRAFT, "draft", {}, folder=tmp_path)
+    (tmp_path / "draft.json").write_text(json.dumps({"config": {"n_layer": 0}}))
+    with pytest.raises(ValueError, match="draft.json holds no valid config.*python -m lib.train draft"):
+        load("draft", folder=tmp_path)
