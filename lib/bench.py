@@ -43,6 +43,7 @@ def run(out=print):
     from .lean import LeanModel, cached_step
     from .model import load
     from .speculative import expected_speedup
+    from . import cachebytes
     from .standins import STANDINS, CostShadow, standin, standin_params, weight_bytes
     from .sweep import call_costs, draft_cost, predictions, sweep
 
@@ -172,6 +173,16 @@ def run(out=print):
                 ratios[f"{tag}spec_vs_model_{temp}"] = best["speedup"] / best["model"]
                 out(f"    -> best k = {k} at T={temp}: {best['speedup']:.2f}x ({'faster' if best['speedup'] > 1 else 'slower'}), "
                     f"{best['speedup'] / best['with_verify']:.2f} of Theorem 3.8 with the measured V and c")
+
+        out("\nbatched decode step at the 12x768 stand-in's cost, batch 16 x context 511, by KV storage form "
+            "(lib.cachebytes: the fused paged read; predicted, then measured)")
+        fused = cachebytes.sweep(machine, large, standin_params(large_cfg), [(16, 511)])
+        for (_, _, dtype), r in fused.items():
+            ratios[f"fused_{dtype}"] = r["seconds"] / fused[16, 511, "float32"]["seconds"]
+            ratios[f"fused_{dtype}_vs_model"] = r["seconds"] / r["predicted"]
+            pred.add("quantized cache step, stand-in", dtype, r["predicted"], r["seconds"])
+            out(f"  {dtype:8s} cache {r['kv_bytes'] / 1e6:5.0f} MB: {r['seconds'] * 1e3:6.1f} ms "
+                f"({ratios[f'fused_{dtype}']:.2f}x float32), predicted {r['predicted'] * 1e3:6.1f} ms")
     ratios["calls_lean"] = calls_lean
     pred.report()
     h100, published = h100_line(out)
@@ -180,6 +191,7 @@ def run(out=print):
     out("")
     serving_goals = bench_rows(out)
     spec_gap = max(abs(ratios[f"large_spec_vs_verify_{t}"] - 1) for t in (0.0, 0.7))
+    fused_gap = max(abs(ratios[f"fused_{d}_vs_model"] - 1) for d in ("int8", "fp8", "int4"))
     _goal_lines([
         ("cost model: predicted points in this run >= 40", len(errors), len(errors) >= 40),
         ("cost model: median |predicted / measured - 1| <= 0.15", np.median(errors), np.median(errors) <= 0.15),
@@ -196,6 +208,12 @@ def run(out=print):
         ("speculative at the stand-in's cost, best k, T=0 > 1 (a gain)", ratios["large_spec_0.0"], ratios["large_spec_0.0"] > 1),
         ("... and >= 0.85 of the cost model's prediction", ratios["large_spec_vs_model_0.0"], ratios["large_spec_vs_model_0.0"] >= 0.85),
         ("... within 15% of Theorem 3.8 with the measured V and c (largest gap)", spec_gap, spec_gap <= 0.15),
+        ("quantized cache at the stand-in's cost (B 16 x L 511): int8 step / float32 step <= 0.75", ratios["fused_int8"],
+         ratios["fused_int8"] <= 0.75),
+        ("... fp8 step / float32 step <= 0.8", ratios["fused_fp8"], ratios["fused_fp8"] <= 0.8),
+        ("... int4 step / float32 step <= 0.65", ratios["fused_int4"], ratios["fused_int4"] <= 0.65),
+        ("... the int8, fp8 and int4 steps within 20% of the cost model (worst measured / predicted - 1)", fused_gap,
+         fused_gap <= 0.2),
         ("tiny lean step, measured products / numpy's products only <= 1.05", ratios["tiny_step"], ratios["tiny_step"] <= 1.05),
         ("numpy calls per lean step <= 150", calls_lean, calls_lean <= 150),
     ] + serving_goals, out)

@@ -58,3 +58,22 @@ def test_batched_step_on_a_quantized_pool_equals_each_sequence_alone(kind, granu
         seq.truncate(len(p))
     for seq, token, logits in zip(seqs, new, batched):
         np.testing.assert_allclose(logits, seq.feed(token, model), rtol=1e-4, atol=1e-4)
+
+
+def test_filled_pools_hold_the_positions_asked_for_in_fewer_bytes():
+    """lib.cachebytes' fixtures: every sequence holds `context` written positions, each storage form's
+    cache bytes are its codes and scales (int8 about a quarter of float32, int4 an eighth, plus scales),
+    and a timed step leaves the sequences as they were."""
+    from lib.cachebytes import cache_bytes, filled_pool, step_seconds
+    B, L = 3, 10
+    sizes = {}
+    for kind in DTYPES:
+        pool, seqs = filled_pool(GQA, kind, B, L, block_size=4)
+        assert [s.n for s in seqs] == [L] * B
+        sizes[kind] = cache_bytes(pool, B, L)
+    per_value = B * L * 2 * GQA.n_layer * GQA.kv_dim  # K and V values in the cache
+    assert sizes["float32"] == 4 * per_value and sizes["float16"] == 2 * per_value
+    scales = B * L * 2 * GQA.n_layer * GQA.n_kv_head * 4  # one float32 scale per head and position, K and V
+    assert sizes["int8"] == per_value + scales and sizes["fp8"] == per_value + scales
+    assert sizes["int4"] == per_value // 2 + scales
+    assert step_seconds(LeanModel(PARAMS, GQA), seqs, repeats=1) > 0 and [s.n for s in seqs] == [L] * B

@@ -1,0 +1,101 @@
+"""Where a quantized KV cache pays: batched decode steps at batch x context where the cache's
+bytes reach and pass the weights', timed for each storage form and predicted beforehand.
+
+A decode step reads every weight once for the whole batch, and every sequence's K and V once
+for itself: at batch B and context L the cache's share of the bytes is B x L x (bytes per
+position) against the weights (Pope et al. 2022). Storing it in fewer bits (KIVI, Liu et al.
+2024; vLLM's fp8 cache) can only shorten a step when those bytes are a large part of what it
+reads, and only if attention reads the codes where they lie: the paged kernel of `lib.batch`
+does (`attend_paged`). The sequences' K and V are random values of the model's shapes, written
+through the pool's own quantizing store: attention's cost depends on the shapes, not the values.
+
+The prediction adds two parts: the step without its attention, from `lib.costmodel` (the
+counted numpy work of a call over B new rows), and attention, as the larger of its bytes at the
+read bandwidth of the step's working set and its values at the kernel's own rate per value,
+measured on a pool small enough to stay in cache (`kernel_seconds_per_value`).
+"""
+import numpy as np
+
+from .batch import BatchedModel, attend_paged
+from .costmodel import lean_builder, predict_calls
+from .paged import PagedKVCache
+from .timing import median_time
+
+DTYPES = ("float32", "float16", "fp8", "int8", "int4")
+
+
+def filled_pool(cfg, dtype: str, batch: int, context: int, block_size: int = 16, seed: int = 0):
+    """A paged pool of `dtype` with `batch` sequences of `context` written positions of random K/V
+    (standard normal values, as a trained model's are in scale): (pool, sequences)."""
+    rng = np.random.default_rng(seed)
+    blocks = batch * -(-(context + 1) // block_size)
+    pool = PagedKVCache(cfg, blocks, block_size, prefix_caching=False, dtype=dtype)
+    Hkv, D = cfg.n_kv_head, cfg.head_dim
+
+    def write_random(tokens, cache):  # a step that writes random K/V in every layer
+        for layer in range(cfg.n_layer):
+            cache.write(layer, *rng.standard_normal((2, Hkv, len(tokens), D), dtype=np.float32))
+        cache.advance(len(tokens))
+
+    seqs = [pool.add(b, np.zeros(context, np.int64)) for b in range(batch)]
+    for seq in seqs:
+        seq.feed(np.zeros(context, np.int64), write_random)
+    return pool, seqs
+
+
+def step_seconds(model, seqs, repeats: int = 3) -> float:
+    """Median seconds of one batched decode step of `model` (a LeanModel) over `seqs`, each then
+    truncated back to where it was."""
+    batched, lengths, new = BatchedModel(model), [s.n for s in seqs], [[1]] * len(seqs)
+
+    def step():
+        batched.feed(seqs, new)
+        for seq, n in zip(seqs, lengths):
+            seq.truncate(n)
+    return median_time(step, repeats=repeats, warmup=1)
+
+
+def kernel_seconds_per_value(cfg, dtype: str, context: int = 256) -> float:
+    """Seconds the paged kernel spends per cached K or V value it reads, on one layer of one
+    sequence small enough to stay in the CPU's caches: the kernel's arithmetic, not its bytes."""
+    pool, seqs = filled_pool(cfg, dtype, 1, context)
+    tables = np.array([seqs[0].block_table])
+    q = np.random.default_rng(1).standard_normal((1, cfg.n_head, cfg.head_dim)).astype(np.float32)  # (R, H, D)
+    run = lambda: attend_paged(q, pool, 0, tables, np.zeros(1, np.int64), np.array([context - 1]), 1.0)
+    return median_time(run, repeats=7, min_seconds=0.02) / (2 * cfg.n_head * context * cfg.head_dim)
+
+
+def cache_bytes(pool, batch: int, context: int) -> int:
+    """Bytes of K/V codes and per-slot scales that a step over `batch` x `context` positions reads."""
+    per_position = pool.nbytes / (pool.manager.num_blocks * pool.manager.block_size)
+    return int(per_position * batch * context)
+
+
+def predict_step(machine, model, params, batch: int, context: int, kv_bytes: int, per_value: float):
+    """(seconds, attention seconds) of a batched decode step: the model's work for `batch` new
+    rows (counted as one call over `batch` tokens, less its attention products), from the cost
+    model, plus attention over `kv_bytes` at the working set's read bandwidth, or at `per_value`
+    seconds per value if that is slower."""
+    cfg = model.cfg
+    rest = predict_calls(machine, lean_builder(cfg), params, cfg, 0, (batch,), model.products)[batch]
+    values = 2 * cfg.n_layer * cfg.n_head * batch * context * cfg.head_dim
+    weights = sum(w.nbytes for layer in model.layers for w in layer) + model.head.nbytes
+    attention = max(kv_bytes / machine.bandwidth(weights + kv_bytes), values * per_value)
+    return rest.seconds - rest.parts["attention products"] + attention, attention
+
+
+def sweep(machine, model, params, points, dtypes=DTYPES, repeats: int = 3) -> dict:
+    """{(batch, context, dtype): dict(seconds, predicted, attention, kv_bytes)} for every point and
+    storage form, each predicted before it is timed."""
+    rates = {dtype: kernel_seconds_per_value(model.cfg, dtype) for dtype in dtypes}
+    rows = {}
+    for batch, context in points:
+        for dtype in dtypes:
+            pool, seqs = filled_pool(model.cfg, dtype, batch, context)
+            kv = cache_bytes(pool, batch, context)
+            predicted, attention = predict_step(machine, model, params, batch, context, kv, rates[dtype])
+            rows[batch, context, dtype] = dict(predicted=predicted, attention=attention, kv_bytes=kv,
+                                               seconds=step_seconds(model, seqs, repeats), per_value=rates[dtype])
+            del pool, seqs
+    return rows
+
