@@ -12,7 +12,7 @@ through the pool's own quantizing store: attention's cost depends on the shapes,
 The prediction adds two parts: the step without its attention, from `lib.costmodel` (the
 counted numpy work of a call over B new rows), and attention, as the larger of its bytes at the
 read bandwidth of the step's working set and its values at the kernel's own rate per value,
-measured on a pool small enough to stay in cache (`kernel_seconds_per_value`).
+measured on one layer of a few sequences (`kernel_seconds_per_value`).
 """
 import numpy as np
 
@@ -43,8 +43,8 @@ def filled_pool(cfg, dtype: str, batch: int, context: int, block_size: int = 16,
     return pool, seqs
 
 
-def step_seconds(model, seqs, repeats: int = 3) -> float:
-    """Median seconds of one batched decode step of `model` (a LeanModel) over `seqs`, each then
+def stepper(model, seqs):
+    """A function that runs one batched decode step of `model` (a LeanModel) over `seqs`, each then
     truncated back to where it was."""
     batched, lengths, new = BatchedModel(model), [s.n for s in seqs], [[1]] * len(seqs)
 
@@ -52,17 +52,20 @@ def step_seconds(model, seqs, repeats: int = 3) -> float:
         batched.feed(seqs, new)
         for seq, n in zip(seqs, lengths):
             seq.truncate(n)
-    return median_time(step, repeats=repeats, warmup=1)
+    return step
 
 
-def kernel_seconds_per_value(cfg, dtype: str, context: int = 256) -> float:
-    """Seconds the paged kernel spends per cached K or V value it reads, on one layer of one
-    sequence small enough to stay in the CPU's caches: the kernel's arithmetic, not its bytes."""
-    pool, seqs = filled_pool(cfg, dtype, 1, context)
-    tables = np.array([seqs[0].block_table])
-    q = np.random.default_rng(1).standard_normal((1, cfg.n_head, cfg.head_dim)).astype(np.float32)  # (R, H, D)
-    run = lambda: attend_paged(q, pool, 0, tables, np.zeros(1, np.int64), np.array([context - 1]), 1.0)
-    return median_time(run, repeats=7, min_seconds=0.02) / (2 * cfg.n_head * context * cfg.head_dim)
+def kernel_seconds_per_value(cfg, dtype: str, batch: int = 4, context: int = 511) -> float:
+    """Seconds the paged kernel spends per cached K or V value it reads, over one layer of `batch`
+    sequences of `context` positions (larger than the L2 cache, so it streams): the kernel's own
+    rate, bytes and arithmetic together."""
+    pool, seqs = filled_pool(cfg, dtype, batch, context)
+    width = max(len(s.block_table) for s in seqs)
+    tables = np.array([s.block_table + [0] * (width - len(s.block_table)) for s in seqs])  # (B, width)
+    q = np.random.default_rng(1).standard_normal((batch, cfg.n_head, cfg.head_dim)).astype(np.float32)  # (R, H, D)
+    rows, pos = np.arange(batch), np.full(batch, context - 1)
+    run = lambda: attend_paged(q, pool, 0, tables, rows, pos, 1.0)
+    return median_time(run, repeats=7, min_seconds=0.05) / (2 * cfg.n_head * batch * context * cfg.head_dim)
 
 
 def cache_bytes(pool, batch: int, context: int) -> int:
@@ -84,18 +87,23 @@ def predict_step(machine, model, params, batch: int, context: int, kv_bytes: int
     return rest.seconds - rest.parts["attention products"] + attention, attention
 
 
-def sweep(machine, model, params, points, dtypes=DTYPES, repeats: int = 3) -> dict:
-    """{(batch, context, dtype): dict(seconds, predicted, attention, kv_bytes)} for every point and
-    storage form, each predicted before it is timed."""
+def sweep(machine, model, params, points, dtypes=DTYPES, rounds: int = 5) -> dict:
+    """{(batch, context, dtype): dict(seconds, predicted, attention, kv_bytes, per_value, ratios)} for
+    every point and storage form, each predicted before it is timed. At each point the forms'
+    steps are timed in turn, `rounds` times, so a drift of the machine's speed reaches them all;
+    `ratios` are each round's time over the first form's (float32) in the same round."""
     rates = {dtype: kernel_seconds_per_value(model.cfg, dtype) for dtype in dtypes}
     rows = {}
     for batch, context in points:
-        for dtype in dtypes:
-            pool, seqs = filled_pool(model.cfg, dtype, batch, context)
-            kv = cache_bytes(pool, batch, context)
+        pools = {dtype: filled_pool(model.cfg, dtype, batch, context) for dtype in dtypes}
+        steps = {dtype: stepper(model, seqs) for dtype, (_, seqs) in pools.items()}
+        for step in steps.values():
+            step()  # warm-up
+        times = np.array([[median_time(steps[d], repeats=1, warmup=0) for d in dtypes] for _ in range(rounds)])
+        for j, dtype in enumerate(dtypes):
+            kv = cache_bytes(pools[dtype][0], batch, context)
             predicted, attention = predict_step(machine, model, params, batch, context, kv, rates[dtype])
-            rows[batch, context, dtype] = dict(predicted=predicted, attention=attention, kv_bytes=kv,
-                                               seconds=step_seconds(model, seqs, repeats), per_value=rates[dtype])
-            del pool, seqs
+            rows[batch, context, dtype] = dict(predicted=predicted, attention=attention, kv_bytes=kv, per_value=rates[dtype],
+                                               seconds=float(np.median(times[:, j])), ratios=times[:, j] / times[:, 0])
+        del pools, steps
     return rows
-

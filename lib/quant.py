@@ -4,8 +4,8 @@ x ~ scale * q with q = round(x / scale) clipped to [-qmax, qmax], qmax = 127 (in
 and scale = max|x| / qmax over a group of values. The group is the granularity: per position
 (one scale per head and position, computed as each token is written, as in KIVI's per-token
 value quantization, Liu et al. 2024), per head or per tensor (one scale per layer and head, or per
-layer, fixed beforehand from a calibration run, like vLLM's `calculate_kv_scales` for its fp8
-cache). int4 codes are packed two to a byte, so the bytes really halve.
+layer, fixed beforehand from a calibration run, like the calibrated scales vLLM's fp8
+cache can load; its default scale is 1). int4 codes are packed two to a byte, so the bytes really halve.
 
 fp8 stores x / scale as an 8-bit float, e4m3 (4 exponent bits, 3 mantissa bits, largest value 448),
 rounded exactly as vLLM's `kv_cache_dtype="fp8"` cache stores it (torch.float8_e4m3fn), with
