@@ -100,9 +100,10 @@ class KVCache:
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store K, V (Hkv, T, D) of T new positions at n..n+T-1 (n advances in `advance`)."""
         self._check_layer(layer)
-        T = np.shape(k)[1] if np.ndim(k) == 3 else 0
+        shape_k, shape_v = getattr(k, "shape", ()), getattr(v, "shape", ())  # attributes: no numpy call in the hot path
+        T = shape_k[1] if len(shape_k) == 3 else 0
         expected = (self.cfg.n_kv_head, T, self.cfg.head_dim)
-        if not T or np.shape(k) != expected or np.shape(v) != expected:
+        if not T or shape_k != expected or shape_v != expected:
             raise ValueError(f"k and v must be (n_kv_head, T, head_dim) = (Hkv, T, {self.cfg.head_dim}) with "
                              f"T >= 1, got shapes {np.shape(k)} and {np.shape(v)}")
         self.check_room(T)

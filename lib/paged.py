@@ -424,7 +424,7 @@ class PagedSequence:
         """Scatter K, V (Hkv, T, D) of positions n..n+T-1 into their blocks (T: the tokens `feed` reserved)."""
         self._check_layer(layer)
         expected = (self.cfg.n_kv_head, self._armed, self.cfg.head_dim)
-        if not self._armed or np.shape(k) != expected or np.shape(v) != expected:
+        if not self._armed or getattr(k, "shape", ()) != expected or getattr(v, "shape", ()) != expected:
             raise ValueError(f"k and v must be (n_kv_head, T, head_dim) = {expected} for the {self._armed} positions "
                              f"that feed reserved, got shapes {np.shape(k)} and {np.shape(v)}")
         blocks, offsets = self._slots(self.n, self.n + k.shape[1])
