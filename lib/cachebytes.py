@@ -74,17 +74,22 @@ def cache_bytes(pool, batch: int, context: int) -> int:
     return int(per_position * batch * context)
 
 
-def predict_step(machine, model, params, batch: int, context: int, kv_bytes: int, per_value: float):
-    """(seconds, attention seconds) of a batched decode step: the model's work for `batch` new
-    rows (counted as one call over `batch` tokens, less its attention products), from the cost
-    model, plus attention over `kv_bytes` at the working set's read bandwidth, or at `per_value`
-    seconds per value if that is slower."""
+def predict_other_work(machine, model, params, batch: int) -> float:
+    """Seconds of a batched decode step's work other than attention over the cache, from the cost
+    model: the model's work for `batch` new rows, counted as one call over `batch` tokens, less
+    its attention products. The same for every storage form."""
     cfg = model.cfg
-    rest = predict_calls(machine, lean_builder(cfg), params, cfg, 0, (batch,), model.products)[batch]
+    call = predict_calls(machine, lean_builder(cfg), params, cfg, 0, (batch,), model.products)[batch]
+    return call.seconds - call.parts["attention products"]
+
+
+def predict_attention(machine, model, batch: int, context: int, kv_bytes: int, per_value: float) -> float:
+    """Seconds of attention over `kv_bytes` of cache at the read bandwidth of the step's working
+    set, or at `per_value` seconds per cached value read if that is slower."""
+    cfg = model.cfg
     values = 2 * cfg.n_layer * cfg.n_head * batch * context * cfg.head_dim
     weights = sum(w.nbytes for layer in model.layers for w in layer) + model.head.nbytes
-    attention = max(kv_bytes / machine.bandwidth(weights + kv_bytes), values * per_value)
-    return rest.seconds - rest.parts["attention products"] + attention, attention
+    return max(kv_bytes / machine.bandwidth(weights + kv_bytes), values * per_value)
 
 
 def sweep(machine, model, params, points, dtypes=DTYPES, rounds: int = 5) -> dict:
@@ -95,15 +100,18 @@ def sweep(machine, model, params, points, dtypes=DTYPES, rounds: int = 5) -> dic
     rates = {dtype: kernel_seconds_per_value(model.cfg, dtype) for dtype in dtypes}
     rows = {}
     for batch, context in points:
+        other = predict_other_work(machine, model, params, batch)
         pools = {dtype: filled_pool(model.cfg, dtype, batch, context) for dtype in dtypes}
+        for dtype, (pool, _) in pools.items():
+            kv = cache_bytes(pool, batch, context)
+            attention = predict_attention(machine, model, batch, context, kv, rates[dtype])
+            rows[batch, context, dtype] = dict(predicted=other + attention, attention=attention, kv_bytes=kv,
+                                               per_value=rates[dtype])
         steps = {dtype: stepper(model, seqs) for dtype, (_, seqs) in pools.items()}
         for step in steps.values():
             step()  # warm-up
         times = np.array([[median_time(steps[d], repeats=1, warmup=0) for d in dtypes] for _ in range(rounds)])
         for j, dtype in enumerate(dtypes):
-            kv = cache_bytes(pools[dtype][0], batch, context)
-            predicted, attention = predict_step(machine, model, params, batch, context, kv, rates[dtype])
-            rows[batch, context, dtype] = dict(predicted=predicted, attention=attention, kv_bytes=kv, per_value=rates[dtype],
-                                               seconds=float(np.median(times[:, j])), ratios=times[:, j] / times[:, 0])
+            rows[batch, context, dtype].update(seconds=float(np.median(times[:, j])), ratios=times[:, j] / times[:, 0])
         del pools, steps
     return rows

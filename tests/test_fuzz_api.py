@@ -838,7 +838,7 @@ EXEMPT = {
         "h100_line")},
     "bench.run": "the benchmark report, python -m lib.bench",
     **{f"cachebytes.{n}": MEASURES + " (where a quantized cache pays; tests/test_quant_attention.py)" for n in (
-        "filled_pool", "stepper", "kernel_seconds_per_value", "cache_bytes", "predict_step", "sweep")},
+        "filled_pool", "stepper", "kernel_seconds_per_value", "cache_bytes", "predict_other_work", "predict_attention", "sweep")},
     **{f"sweep.{n}": MEASURES + " (the k-sweep; tests/test_sweep.py)" for n in (
         "call_costs", "draft_cost", "tokens_per_call_distribution", "truncated_geometric", "merged", "sweep", "predictions",
         "acceptance_on_text")},
