@@ -58,7 +58,8 @@ def stepper(model, seqs):
 def kernel_seconds_per_value(cfg, dtype: str, batch: int = 4, context: int = 511) -> float:
     """Seconds the paged kernel spends per cached K or V value it reads, over one layer of `batch`
     sequences of `context` positions (larger than the L2 cache, so it streams): the kernel's own
-    rate, bytes and arithmetic together."""
+    rate, bytes and arithmetic together (`context` capped at the model's)."""
+    context = min(context, cfg.block_size - 1)
     pool, seqs = filled_pool(cfg, dtype, batch, context)
     width = max(len(s.block_table) for s in seqs)
     tables = np.array([s.block_table + [0] * (width - len(s.block_table)) for s in seqs])  # (B, width)
