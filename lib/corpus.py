@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .config import is_int
 from .tokenizer import VOCAB, decode, encode
 
 MODULES = tuple("""
@@ -78,3 +79,15 @@ def held_out_prompts(count: int = 4, length: int = 16):
     whose start holds at least 12 non-blank characters)."""
     lines = [l for l in decode(load_corpus().held_out).split("\n") if len(l[:length].strip()) >= 12]
     return [encode(lines[i * len(lines) // count][:length]) for i in range(count)]
+
+
+def held_out_spans(count: int = 4, length: int = 16):
+    """`count` spans of `length` tokens of the held-out text, each from a line start spread evenly
+    over it (lines whose start holds at least 12 non-blank characters); a span runs on across lines,
+    so prompts may be longer than any line."""
+    if not is_int(count) or count < 1 or not is_int(length) or length < 1:
+        raise ValueError(f"count and length must be positive integers, got {count!r} and {length!r}")
+    text = decode(load_corpus().held_out)
+    starts = [0] + [i + 1 for i, ch in enumerate(text) if ch == "\n"]
+    starts = [s for s in starts if len(text[s:s + 12].split("\n")[0].strip()) >= 12 and s + length <= len(text)]
+    return [encode(text[starts[i * len(starts) // count]:][:length]) for i in range(count)]

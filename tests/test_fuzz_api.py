@@ -845,8 +845,12 @@ EXEMPT = {
     **{f"standins.{n}": "builds models of up to 340 MB for timing; tests/test_standins.py" for n in (
         "standin_params", "standin", "weight_bytes", "CostShadow")},
     **{f"serving.{n}": "the serving simulation, stateful and timed; tests/test_serving.py" for n in (
-        "Request", "Outcome", "make_trace", "rejection", "Report", "Report.summary", "serve", "StepCost",
-        "StepCost.speedup_ceiling", "fit_step_cost", "decode_speedup", "compare", "bench_rows")},
+        "Request", "Outcome", "make_trace", "rejection", "Report", "Report.summary", "Report.goodput", "serve",
+        "decode_speedup", "sweep_rates", "load_study", "bench_rows")},
+    **{f"clocks.{n}": "serving clocks, fitted by timing or timed on a stand-in; tests/test_serving.py" for n in (
+        "check_rows", "StepCost", "StepCost.one", "StepCost.decode", "StepCost.free", "fit_step_cost", "Shadow",
+        "Shadow.free", "steady_state", "crossover_rate", "crossing")},
+    "corpus.held_out_spans": "reads the held-out corpus; tests/test_serving.py (make_trace)",
     **{f"train.{n}": "training (minutes of work, hand-written backward pass); tests/test_train.py" for n in (
         "ln_fwd", "ln_bwd", "gelu_fwd", "gelu_bwd", "attn_fwd", "attn_bwd", "matmul_bwd", "loss_and_grads", "lr_at",
         "AdamW", "AdamW.step", "windows", "held_out_windows", "evaluate", "held_out_loss", "train", "main")},

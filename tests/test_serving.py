@@ -10,11 +10,14 @@ from lib.lean import LeanModel
 from lib.model import load
 from lib.batch import BatchedModel, batch_stepper
 from lib.timing import single_thread
-from lib.serving import Request, StepCost, fit_step_cost, make_trace, serve
+from lib.clocks import Shadow, StepCost, crossing, fit_step_cost, steady_state
+from lib.serving import LADDER, Request, make_trace, serve
 
 PARAMS, CFG = load("target")
 LEAN = LeanModel(PARAMS, CFG)
-COST = lambda prefill, batch: 1e-3 + 1e-4 * batch + 2e-5 * prefill  # seconds per iteration
+DRAFT = LeanModel(*load("draft"))
+COST = StepCost((1, 2, 64), (1.1e-3, 1.12e-3, 2.4e-3), 1e-4)  # seconds per step, by its rows
+DRAFT_COST = StepCost((1, 64), (2e-4, 5e-4), 2e-5)
 _SOLO = {}
 
 
@@ -41,20 +44,26 @@ def check_report(report, trace):
 @given(num_blocks=st.integers(2, 14), block_size=st.sampled_from([2, 4, 8]),
        burstiness=st.sampled_from([0.1, 0.5, 1.0]), n=st.integers(1, 8), seed=st.integers(0, 99),
        policy=st.sampled_from(["continuous", "static"]), prefix=st.booleans(), system=st.booleans(),
-       max_batch=st.integers(1, 6), watermark=st.sampled_from([0.0, 0.3]), chunk=st.sampled_from([None, 1, 5]))
+       max_batch=st.integers(1, 6), watermark=st.sampled_from([0.0, 0.3]), budget=st.sampled_from([None, 7, 12]),
+       mixed=st.booleans(), reserve=st.sampled_from(["paged", "max"]), speculate=st.booleans())
 def test_tiny_pools_and_bursty_traces(num_blocks, block_size, burstiness, n, seed, policy, prefix, system, max_batch,
-                                      watermark, chunk):
+                                      watermark, budget, mixed, reserve, speculate):
     trace = make_trace(n, rate=500.0, seed=seed, burstiness=burstiness, prompt_len=(1, 12), n_new=(1, 10),
                        system=np.arange(6) * 7 % CFG.vocab_size if system else ())
+    reserve = "max" if policy == "static" else reserve
     report = serve(LEAN, trace, num_blocks, block_size, policy, max_batch, prefix, watermark=watermark,
-                   prefill_chunk=chunk, cost=COST)
+                   token_budget=budget, cost=COST, reserve=reserve, mixed=mixed, window=2e-3, max_tokens=10,
+                   draft=DRAFT if speculate else None, draft_cost=DRAFT_COST if speculate else None, k=3)
     check_report(report, trace)
     for out in report.outcomes:
-        need = -(-(len(out.request.prompt) + out.request.n_new - 1) // block_size)
+        length = 10 if reserve == "max" else out.request.n_new
+        need = -(-(len(out.request.prompt) + length - 1) // block_size)
         assert bool(out.rejected) == (need > num_blocks)
         assert not out.rejected or f"has {num_blocks}" in out.rejected
-    if policy == "static":
+    if reserve == "max":
         assert report.preemptions == 0
+    if speculate:
+        assert not any(report.draft_pool.manager.ref)
 
 
 def test_requests_that_can_never_fit_are_rejected_with_their_reason():
@@ -103,7 +112,11 @@ def test_temperature_sampling_matches_each_request_sampled_alone():
     ({"temperature": -1.0}, "temperature must be"),
     ({"num_blocks": 0}, "num_blocks must be"),
     ({"watermark": 1.0}, "watermark must be"),
-    ({"prefill_chunk": 0}, "prefill_chunk must be"),
+    ({"token_budget": 0}, "token_budget must be"),
+    ({"policy": "static", "reserve": "paged"}, "reserve must be"),
+    ({"max_tokens": 1}, "max_tokens must be"),
+    ({"k": 0}, "k must be"),
+    ({"draft": DRAFT, "cost": COST}, "cost and draft_cost go together"),
 ])
 def test_bad_settings_are_refused(kwargs, message):
     args = {"num_blocks": 8, **kwargs}
@@ -124,17 +137,61 @@ def test_bad_requests_are_refused():
         make_trace(3, rate=1.0, n_new=(5, 2))
 
 
-def test_step_cost_is_its_formula_and_caps_batching():
-    cost = StepCost(fixed=2e-4, per_seq=5e-5, per_prefill=4e-5)
-    assert cost(0, 1) == pytest.approx(2.5e-4) and cost(10, 4) == pytest.approx(2e-4 + 2e-4 + 4e-4)
-    B = 10_000  # B steps of one sequence against one step of B approaches the ceiling
-    assert B * cost(0, 1) / cost(0, B) == pytest.approx(cost.speedup_ceiling(), rel=1e-3)
+def test_step_cost_interpolates_its_points_and_adds_a_cost_per_sequence():
+    assert COST([(0, 1, 5)]) == pytest.approx(1.1e-3)
+    assert COST([(0, 33, 0)]) == pytest.approx(1.12e-3 + 31 / 62 * 1.28e-3)
+    assert COST([(0, 1, 0), (1, 1, 9)]) == pytest.approx(1.12e-3 + 1e-4)
+    assert COST([(0, 128, 0)]) == pytest.approx(2.4e-3 + 64 * 1.28e-3 / 62)  # past the last point: linear
+    with pytest.raises(ValueError, match="rows must be"):
+        COST([])
+    with pytest.raises(ValueError, match="increase from 1"):
+        StepCost((2, 4), (1.0, 2.0), 0.0)
+
+
+def test_steady_state_follows_littles_law_and_speculation_crosses_over():
+    B, tpot = steady_state(COST, 5000.0)
+    assert B / COST.decode(B) == pytest.approx(5000.0, rel=1e-6) and tpot == pytest.approx(COST.decode(B))
+    assert steady_state(COST, 1.0) == (1.0, COST.decode(1))  # a lone sequence pays its whole step
+    assert steady_state(COST, 1e9)[0] == float("inf")
+    rates = list(np.geomspace(1, 1e5, 40))
+    dear_rows = StepCost((1, 2, 64), (1e-3, 1.1e-3, 2e-2), 1e-4)  # rows past a few cost their arithmetic
+    gains = [steady_state(dear_rows, r)[1] / steady_state(dear_rows, r, DRAFT_COST, 0.8, 4)[1] for r in rates]
+    assert gains[0] > 1.1 and 500 < crossing(rates, gains) < 1600
+    assert np.isnan(crossing([1, 2], [2.0, 1.5]))
+
+
+@pytest.mark.parametrize("name", list(LADDER))
+def test_every_rung_of_the_ladder_serves_exactly(name):
+    trace = make_trace(10, rate=300.0, seed=4, prompt_len=(8, 40), n_new=(4, 30), system=np.arange(20) % 90)
+    report = serve(LEAN, trace, 24, cost=COST, max_tokens=30, window=5e-3, **LADDER[name])
+    check_report(report, trace)
+    assert report.summary()["completed"] == 10
+
+
+def test_speculative_batch_equals_greedy_and_accepts():
+    trace = make_trace(6, rate=500.0, seed=5, prompt_len=(10, 30), n_new=(10, 40))
+    report = serve(LEAN, trace, 40, cost=COST, draft=DRAFT, k=4, draft_cost=DRAFT_COST)
+    check_report(report, trace)
+    s = report.summary()
+    assert 0 < s["acceptance"] <= 1 and report.draft_pool.manager.num_free == report.draft_pool.manager.num_blocks
+
+
+def test_shadow_times_the_rows_and_frees_its_sequences():
+    shadow = Shadow(LEAN, num_blocks=16)
+    assert shadow([("a", 1, 30), ("b", 5, 0)]) > 0
+    assert shadow.seqs["a"].n == 31 and shadow.seqs["b"].n == 5
+    shadow([("a", 1, 10)])  # the served sequence was truncated: so is its shadow
+    assert shadow.seqs["a"].n == 11
+    shadow.free("a")
+    shadow.free("b")
+    assert shadow.pool.manager.num_free == 16
 
 
 def test_a_fitted_clock_gives_the_same_schedule_every_run():
     positions = np.random.default_rng(0).integers(16, 129, 4)
     with single_thread():
         clock = fit_step_cost(LEAN, positions, sizes=(1, 2, 4), chunks=(8,), repeats=1)
+    assert list(clock.seconds) == sorted(clock.seconds) and len(clock.decode_times) == 3
     trace = make_trace(8, rate=2000.0, seed=3)
     runs = [serve(LEAN, trace, 24, cost=clock) for _ in range(2)]
     assert runs[0].summary() == runs[1].summary()

@@ -1,0 +1,176 @@
+"""What a serving step costs: a clock for `lib.serving.serve`, fitted or measured on a stand-in.
+
+A scheduler's schedule depends on how long its steps take. `serve` can time each step as it
+runs (the measured clock); it can also ask a clock what a step costs, given its rows as
+(sequence, new tokens, cached positions before the step). Two clocks are here:
+
+- `StepCost`, fitted to steps timed now: the step of one sequence fed n tokens, interpolated
+  between measured n, plus a cost per further sequence. On it the same trace gives the same
+  schedule in every run, so two policies compare the same way whatever else the machine does.
+- `Shadow`, measured: every step the served model runs is run again, with the same rows at the
+  same cache lengths, on another model (a cost stand-in of realistic size, `lib.standins`),
+  and timed. The served model still makes every decision (its tokens), as in
+  `lib.standins.CostShadow`; the times are those of the larger model.
+
+Decode of B sequences costs t(B) = t1(B) + (B - 1) x per_seq: one weight read shared by all rows
+(Pope et al. 2022, "Efficiently Scaling Transformer Inference"), B times the arithmetic, and each
+sequence's own attention and bookkeeping.
+"""
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .batch import BatchedModel, batch_stepper
+from .config import is_int
+from .paged import PagedKVCache
+from .timing import median_time
+
+
+def check_rows(rows) -> list:
+    """rows: a non-empty list of (sequence key, new tokens >= 1, cached positions >= 0)."""
+    if not isinstance(rows, (list, tuple)) or not rows:
+        raise ValueError(f"rows must be a non-empty list of (key, new tokens, cached positions), got {rows!r}")
+    for row in rows:
+        if (not isinstance(row, tuple) or len(row) != 3 or not is_int(row[1]) or row[1] < 1
+                or not is_int(row[2]) or row[2] < 0):
+            raise ValueError(f"each row is (key, new tokens >= 1, cached positions >= 0), got {row!r}")
+    return list(rows)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """A step's seconds: one sequence's step of all the step's tokens (linear between the measured
+    token counts, and past the last two) plus per_seq for each further sequence."""
+    tokens: tuple  # token counts measured for one sequence, increasing from 1
+    seconds: tuple  # their step times
+    per_seq: float
+    decode_times: tuple = ()  # (B, seconds) of the decode steps measured for the fit
+
+    def __post_init__(self):
+        t = np.asarray(self.tokens)
+        if len(t) < 2 or t[0] != 1 or np.any(np.diff(t) <= 0) or len(self.seconds) != len(t):
+            raise ValueError(f"tokens must increase from 1 with one time each, got {self.tokens} and {self.seconds}")
+
+    def one(self, n: float) -> float:
+        """One sequence fed n tokens."""
+        t, s = self.tokens, self.seconds
+        if n <= t[-1]:
+            return float(np.interp(n, t, s))
+        return float(s[-1] + (n - t[-1]) * (s[-1] - s[-2]) / (t[-1] - t[-2]))
+
+    def __call__(self, rows) -> float:
+        rows = check_rows(rows)
+        return self.one(sum(n for _, n, _ in rows)) + self.per_seq * (len(rows) - 1)
+
+    def decode(self, batch: int) -> float:
+        """A decode step of `batch` sequences, one token each."""
+        return self.one(batch) + self.per_seq * (batch - 1)
+
+    def free(self, key) -> None:
+        """Nothing to release: a fitted cost keeps no state."""
+
+
+def fit_step_cost(model, positions, sizes=(1, 2, 4, 8, 16, 32), chunks=(2, 4, 8, 16, 32, 64, 128, 256),
+                  repeats: int = 5) -> StepCost:
+    """Fit `StepCost` to median times measured now (one BLAS thread is the caller's choice): one
+    sequence at positions[0] fed n tokens for n in (1,) + chunks, and decode steps of B sequences
+    at positions[:B]; per_seq is the least-squares slope of t(B) - t1(B) against B - 1. A count
+    measured faster than a smaller one (noise) takes the smaller one's time."""
+    if len(positions) < max(sizes):
+        raise ValueError(f"positions holds {len(positions)} sequences, sizes go up to {max(sizes)}")
+    engine = BatchedModel(model)
+    time_of = lambda stepper: median_time(stepper, repeats=repeats, warmup=1)
+    counts = sorted({1, *chunks, *sizes})
+    one = {n: time_of(batch_stepper(engine, positions[:1], n_tokens=n)) for n in counts}
+    many = {B: time_of(batch_stepper(engine, positions[:B])) for B in sizes if B > 1}
+    extra = np.array([many[B] - one[B] for B in many])  # (sizes,)
+    others = np.array([B - 1 for B in many], float)
+    per_seq = float(extra @ others / (others @ others)) if len(many) else 0.0
+    measured = tuple((B, one[1] if B == 1 else many[B]) for B in sizes)
+    seconds = np.maximum.accumulate([one[n] for n in counts])  # more rows never cost less (noise aside)
+    return StepCost(tuple(counts), tuple(float(t) for t in seconds), max(per_seq, 0.0), measured)
+
+
+class Shadow:
+    """A measured clock: each step is run on `model` (e.g. a stand-in) with the same rows at the same
+    cache lengths, and timed. Its own pool holds num_blocks blocks of block_size positions; the
+    K/V values it attends over are placeholders, which costs the same as real ones."""
+
+    def __init__(self, model, num_blocks: int = 256, block_size: int = 16):
+        self.engine = BatchedModel(model)
+        self.pool = PagedKVCache(self.engine.cfg, num_blocks, block_size, prefix_caching=False)
+        self.seqs = {}
+
+    def _at(self, key, start: int):
+        """The shadow sequence of `key`, holding exactly `start` positions."""
+        seq = self.seqs.get(key)
+        if seq is not None and seq.n > start:
+            seq.truncate(start)
+        if seq is None or seq.n < start:  # new, or the served one skipped positions (a shared prefix)
+            self.free(key)
+            seq = self.seqs[key] = self.pool.add(key, np.ones(max(start, 1), np.int64))
+            self.pool.manager.computed[key] = start  # placeholders: their values do not change the cost
+        return seq
+
+    def __call__(self, rows) -> float:
+        rows = check_rows(rows)
+        seqs = [self._at(key, start) for key, _, start in rows]
+        feeds = [[1] * n for _, n, _ in rows]
+        tick = time.perf_counter()
+        self.engine.feed(seqs, feeds)
+        return time.perf_counter() - tick
+
+    def free(self, key) -> None:
+        """The served sequence ended or was preempted: its shadow's blocks return to the pool."""
+        seq = self.seqs.pop(key, None)
+        if seq is not None:
+            self.pool.free(seq)
+
+
+def steady_state(cost, demand: float, draft_cost=None, alpha: float = 0.0, k: int = 0, largest: int = 256):
+    """(batch, seconds per output token) of a server that must emit `demand` tokens per second,
+    decode steps only: at batch B a step emits B x E tokens in t(B), E = (1 - alpha^(k+1)) / (1 - alpha)
+    tokens per sequence (Leviathan et al. 2023, eq. 1; E = 1 without a draft) and t(B) the target's
+    step of B (k + 1) rows plus k draft steps of B rows. B solves B E / t(B) = demand (Little's law),
+    at least 1 (a lone sequence still pays a whole step); inf past the largest batch's throughput."""
+    if demand <= 0 or not 0 <= alpha < 1 or not is_int(k) or k < 0 or (k and draft_cost is None):
+        raise ValueError(f"need demand > 0, alpha in [0, 1), k >= 0 (a draft_cost when k > 0), "
+                         f"got {demand!r}, {alpha!r}, {k!r}")
+    per_seq = (1 - alpha ** (k + 1)) / (1 - alpha)  # tokens per sequence per step
+
+    def step(B):  # B may be fractional: the clocks interpolate
+        t = cost.one(B * (k + 1)) + cost.per_seq * (B - 1)
+        if k:
+            t += k * (draft_cost.one(B) + draft_cost.per_seq * (B - 1))
+        return t
+    emits = lambda B: B * per_seq / step(B)
+    if emits(1.0) >= demand:
+        return 1.0, step(1.0) / per_seq
+    if emits(largest) < demand:
+        return math.inf, math.inf
+    lo, hi = 1.0, float(largest)
+    for _ in range(60):  # emits grows with B while the step is not compute-bound per row
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if emits(mid) < demand else (lo, mid)
+    return hi, step(hi) / per_seq
+
+
+def crossover_rate(cost, draft_cost, alpha: float, k: int, mean_new: float, rates) -> float:
+    """The request rate at which speculative decoding stops lowering the time per output token,
+    by `steady_state` on each clock: interpolated in log rate between the first rate in `rates`
+    (increasing) where it no longer helps and the one before; nan if it helps at every rate."""
+    ratio = lambda rate: (steady_state(cost, rate * mean_new)[1]
+                          / steady_state(cost, rate * mean_new, draft_cost, alpha, k)[1])
+    gains = [ratio(r) for r in rates]
+    return crossing(rates, gains)
+
+
+def crossing(rates, gains) -> float:
+    """Where gains (a speed-up per rate) first fall to 1, interpolated in log rate; nan if never."""
+    for (r0, g0), (r1, g1) in zip(zip(rates, gains), zip(rates[1:], gains[1:])):
+        if g0 > 1 >= g1 and np.isfinite(g1):
+            f = (g0 - 1) / (g0 - g1)
+            return float(np.exp(np.log(r0) + f * (np.log(r1) - np.log(r0))))
+    return math.nan
