@@ -129,21 +129,24 @@ class Shadow:
             self.pool.free(seq)
 
 
-def steady_state(cost, demand: float, draft_cost=None, alpha: float = 0.0, k: int = 0, largest: int = 256):
-    """(batch, seconds per output token) of a server that must emit `demand` tokens per second,
-    decode steps only: at batch B a step emits B x E tokens in t(B), E = (1 - alpha^(k+1)) / (1 - alpha)
-    tokens per sequence (Leviathan et al. 2023, eq. 1; E = 1 without a draft) and t(B) the target's
-    step of B (k + 1) rows plus k draft steps of B rows. B solves B E / t(B) = demand (Little's law),
-    at least 1 (a lone sequence still pays a whole step); inf past the largest batch's throughput."""
-    if demand <= 0 or not 0 <= alpha < 1 or not is_int(k) or k < 0 or (k and draft_cost is None):
-        raise ValueError(f"need demand > 0, alpha in [0, 1), k >= 0 (a draft_cost when k > 0), "
-                         f"got {demand!r}, {alpha!r}, {k!r}")
+def steady_state(cost, demand: float, draft_cost=None, alpha: float = 0.0, k: int = 0, prompts: float = 0.0,
+                 largest: int = 256):
+    """(batch, seconds per output token) of a server that must emit `demand` tokens per second and
+    compute `prompts` prompt tokens per second. At batch B a step emits B x E tokens, E = (1 -
+    alpha^(k+1)) / (1 - alpha) per sequence (Leviathan et al. 2023, eq. 1; E = 1 without a draft),
+    and takes t(B): the target's step of B (k + 1) rows plus the prompt rows that arrive while it
+    runs (prompts x t), and k draft steps of B rows. B solves B E / t(B) = demand (Little's law), at
+    least 1 (a lone sequence still pays a whole step); inf past the largest batch's throughput."""
+    if demand <= 0 or prompts < 0 or not 0 <= alpha < 1 or not is_int(k) or k < 0 or (k and draft_cost is None):
+        raise ValueError(f"need demand > 0, prompts >= 0, alpha in [0, 1), k >= 0 (a draft_cost when k > 0), "
+                         f"got {demand!r}, {prompts!r}, {alpha!r}, {k!r}")
     per_seq = (1 - alpha ** (k + 1)) / (1 - alpha)  # tokens per sequence per step
 
     def step(B):  # B may be fractional: the clocks interpolate
-        t = cost.one(B * (k + 1)) + cost.per_seq * (B - 1)
-        if k:
-            t += k * (draft_cost.one(B) + draft_cost.per_seq * (B - 1))
+        draft = k * (draft_cost.one(B) + draft_cost.per_seq * (B - 1)) if k else 0.0
+        t = cost.one(B * (k + 1)) + cost.per_seq * (B - 1) + draft
+        for _ in range(50):  # the prompt rows of a step grow with the step's length
+            t = cost.one(B * (k + 1) + prompts * t) + cost.per_seq * (B - 1) + draft
         return t
     emits = lambda B: B * per_seq / step(B)
     if emits(1.0) >= demand:
@@ -157,12 +160,13 @@ def steady_state(cost, demand: float, draft_cost=None, alpha: float = 0.0, k: in
     return hi, step(hi) / per_seq
 
 
-def crossover_rate(cost, draft_cost, alpha: float, k: int, mean_new: float, rates) -> float:
+def crossover_rate(cost, draft_cost, alpha: float, k: int, mean_new: float, rates, mean_prompt: float = 0.0) -> float:
     """The request rate at which speculative decoding stops lowering the time per output token,
-    by `steady_state` on each clock: interpolated in log rate between the first rate in `rates`
-    (increasing) where it no longer helps and the one before; nan if it helps at every rate."""
-    ratio = lambda rate: (steady_state(cost, rate * mean_new)[1]
-                          / steady_state(cost, rate * mean_new, draft_cost, alpha, k)[1])
+    by `steady_state` on each clock (requests of mean_new output and mean_prompt computed prompt
+    tokens): interpolated in log rate between the first rate in `rates` (increasing) where it no
+    longer helps and the one before; nan if it helps at every rate."""
+    ratio = lambda rate: (steady_state(cost, rate * mean_new, prompts=rate * mean_prompt)[1]
+                          / steady_state(cost, rate * mean_new, draft_cost, alpha, k, rate * mean_prompt)[1])
     gains = [ratio(r) for r in rates]
     return crossing(rates, gains)
 

@@ -172,11 +172,17 @@ class Report:
                 "preemptions": self.preemptions, "recomputed tokens": self.recomputed,
                 "peak blocks": self.peak_blocks, **spec}
 
+    def _met(self, ttft: float, tpot: float) -> int:
+        return sum(1 for o in self.outcomes if not o.rejected and o.ttft <= ttft
+                   and (len(o.tokens) < 2 or o.tpot <= tpot))
+
     def goodput(self, ttft: float, tpot: float) -> float:
         """Requests per second that met both targets (seconds): TTFT <= ttft and TPOT <= tpot."""
-        good = sum(1 for o in self.outcomes if not o.rejected and o.ttft <= ttft
-                   and (len(o.tokens) < 2 or o.tpot <= tpot))
-        return good / self.makespan if self.makespan else 0.0
+        return self._met(ttft, tpot) / self.makespan if self.makespan else 0.0
+
+    def attainment(self, ttft: float, tpot: float) -> float:
+        """The share of the trace's requests that met both targets (rejected ones did not)."""
+        return self._met(ttft, tpot) / len(self.outcomes)
 
 
 def _check_settings(policy, reserve, max_batch, watermark, token_budget, window, max_tokens, k, trace, draft, cost,
