@@ -4,12 +4,19 @@ Hugging Face `config.json` files.
 bytes = batch x sum over layers of (2 x KV heads x head dim x cached positions x bytes per element)
 
 where a full-attention layer caches every position and a sliding-window layer at most its window
-(Beltagy et al. 2020; Mistral 7B's rolling buffer, Jiang et al. 2023). Grouped-query attention
-(Ainslie et al. 2023) shrinks "KV heads". The figures of each model below are copied from its
+(Beltagy et al. 2020; Mistral 7B's rolling buffer, Jiang et al. 2023; Gemma 3's local layers,
+Gemma Team 2025). Grouped-query attention (Ainslie et al. 2023) shrinks "KV heads". Multi-head
+latent attention (DeepSeek-AI 2024, DeepSeek-V2 and V3) caches one compressed latent of
+kv_lora_rank + qk_rope_head_dim values per layer and position instead of K and V heads.
+
+Around the formula: the multi-head baseline of a model (every query head its own K/V head), the
+share of each GPU under tensor parallelism (K/V heads split across GPUs, replicated when there
+are more GPUs than heads), what fits beside the weights on one GPU, and how long a decode step
+takes when it only has to read its bytes. The figures of each model below are copied from its
 official config.json, whose address is kept with it.
 """
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +35,8 @@ class KVSpec:
     windows: tuple  # per layer: None for full attention, else the sliding window in positions
     n_params: float = 0.0  # for the size of the weights
     source: str = ""
+    n_head: int = 0  # query heads, for the multi-head baseline; 0: as many as KV heads
+    latent: int = 0  # MLA: values cached per layer and position instead of K/V heads; 0: none
 
     def __post_init__(self):
         """A spec that could report zero or negative bytes is refused: every count at least 1."""
@@ -36,6 +45,10 @@ class KVSpec:
                 raise TypeError(f"KVSpec.{name} must be a str, got {type(getattr(self, name)).__name__}")
         for name in ("n_layer", "n_kv_head", "head_dim"):
             _check_int(f"KVSpec.{name}", getattr(self, name), 1)
+        for name in ("n_head", "latent"):
+            _check_int(f"KVSpec.{name}", getattr(self, name), 0)
+        if self.n_head and self.n_head % self.n_kv_head:
+            raise ValueError(f"KVSpec.n_head={self.n_head} is not a multiple of n_kv_head={self.n_kv_head}")
         if not isinstance(self.windows, tuple) or len(self.windows) != self.n_layer:
             raise ValueError(f"KVSpec.windows must be a tuple of one entry per layer ({self.n_layer}), "
                              f"got {self.windows!r:.80}")
@@ -51,18 +64,101 @@ class KVSpec:
         _check_int("tokens", tokens, 0)
         return [tokens if w is None else min(tokens, w) for w in self.windows]
 
+    def values_per_position(self) -> int:
+        """Values one layer caches per position: K and V of every KV head, or MLA's latent."""
+        return self.latent or 2 * self.n_kv_head * self.head_dim
+
     def kv_bytes(self, tokens: int, batch: int = 1, dtype: str = "bfloat16") -> float:
         """Bytes of K and V for `batch` sequences of `tokens` each."""
         _check_int("batch", batch, 1)
-        per_position = 2 * self.n_kv_head * self.head_dim * dtype_bytes(dtype)
-        return batch * per_position * sum(self.positions(tokens))
+        return batch * self.values_per_position() * dtype_bytes(dtype) * sum(self.positions(tokens))
 
     def bytes_per_token(self, dtype: str = "bfloat16") -> float:
         """Bytes each new token adds once every sliding window is full (full-attention layers only)."""
-        return 2 * self.n_kv_head * self.head_dim * dtype_bytes(dtype) * sum(w is None for w in self.windows)
+        return self.values_per_position() * dtype_bytes(dtype) * sum(w is None for w in self.windows)
+
+    def max_tokens(self, budget: float, batch: int = 1, dtype: str = "bfloat16"):
+        """The longest sequence length whose cache for `batch` sequences fits in `budget` bytes
+        (-1 if not even an empty one does; None if any length fits, every layer being windowed)."""
+        if isinstance(budget, bool) or not isinstance(budget, (int, float, np.integer, np.floating)) \
+                or not -float("inf") < budget < float("inf"):
+            raise ValueError(f"budget must be a finite number of bytes, got {budget!r}")
+        _check_int("batch", batch, 1)
+        dtype_bytes(dtype)
+        if budget < 0:
+            return -1
+        if self.bytes_per_token() == 0 and self.kv_bytes(max(self.windows), batch, dtype) <= budget:
+            return None
+        low, high = 0, max(w or 0 for w in self.windows) + int(budget // (batch * self.bytes_per_token(dtype) or 1)) + 1
+        while high - low > 1:  # kv_bytes(low) <= budget < kv_bytes(high)
+            mid = (low + high) // 2
+            low, high = (mid, high) if self.kv_bytes(mid, batch, dtype) <= budget else (low, mid)
+        return low
+
+    def multi_head(self) -> "KVSpec":
+        """The same model with a K/V head for every query head and no latent: what it would cache
+        without GQA, MQA or MLA (for MLA, DeepSeek-V2's comparison: 2 x heads x head dim per layer)."""
+        return replace(self, name=f"{self.name}, multi-head", n_kv_head=self.n_head or self.n_kv_head, latent=0)
+
+    def per_gpu(self, tp: int) -> "KVSpec":
+        """One GPU's share under `tp`-way tensor parallelism: n_kv_head / tp K/V heads each, or
+        one head (replicated) when tp exceeds them; an MLA latent serves every head and is whole
+        on every GPU."""
+        _check_int("tp", tp, 1)
+        if (self.n_kv_head % tp) if tp <= self.n_kv_head else (tp % self.n_kv_head):
+            raise ValueError(f"tp={tp} must divide the {self.n_kv_head} KV heads or be a multiple of them")
+        if self.latent:
+            return replace(self, n_params=self.n_params / tp)
+        return replace(self, n_kv_head=max(1, self.n_kv_head // tp), n_head=self.n_head and max(1, self.n_head // tp),
+                       n_params=self.n_params / tp)
 
     def weight_bytes(self, dtype: str = "bfloat16") -> float:
         return self.n_params * dtype_bytes(dtype)
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory: float  # bytes
+    bandwidth: float  # bytes per second from that memory
+    source: str = ""
+
+    def __post_init__(self):
+        for name in ("memory", "bandwidth"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"GPU.{name} must be a finite number > 0, got {value!r}")
+
+
+# NVIDIA's H100 SXM datasheet: 80 GB of HBM3 at 3.35 TB/s.
+H100 = GPU("H100 SXM", 80e9, 3.35e12, "https://www.nvidia.com/en-us/data-center/h100/")
+
+
+def kv_budget(gpu: GPU, weight_bytes: float, utilization: float = 0.9, workspace: float = 0.0) -> float:
+    """Bytes left for the KV cache on one GPU: the share of its memory the engine may use
+    (vLLM's gpu_memory_utilization, 0.9 by default), less the weights it holds and the workspace
+    of activations and buffers. Negative when the weights alone do not fit."""
+    if not isinstance(gpu, GPU):
+        raise TypeError(f"gpu must be a lib.memory.GPU, got {type(gpu).__name__}")
+    if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
+        raise ValueError(f"utilization must be in (0, 1], got {utilization!r}")
+    for name, value in (("weight_bytes", weight_bytes), ("workspace", workspace)):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+                or not 0 <= value < float("inf"):
+            raise ValueError(f"{name} must be a finite number of bytes >= 0, got {value!r}")
+    return gpu.memory * utilization - weight_bytes - workspace
+
+
+def step_seconds(gpu: GPU, weight_bytes: float, kv_bytes: float) -> float:
+    """The floor on one decode step's time: every weight and every cached K/V byte read once at
+    the GPU's memory bandwidth (chapters 2 and 12 measure when a step reaches it)."""
+    if not isinstance(gpu, GPU):
+        raise TypeError(f"gpu must be a lib.memory.GPU, got {type(gpu).__name__}")
+    for name, value in (("weight_bytes", weight_bytes), ("kv_bytes", kv_bytes)):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+                or not 0 <= value < float("inf"):
+            raise ValueError(f"{name} must be a finite number of bytes >= 0, got {value!r}")
+    return (weight_bytes + kv_bytes) / gpu.bandwidth
 
 
 def _check_int(name: str, value, low: int) -> None:
@@ -105,9 +201,11 @@ def read_config(config) -> dict:
 def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = "") -> KVSpec:
     """A KVSpec from a Hugging Face config.json (path or dict).
 
-    head_dim absent -> hidden_size / num_attention_heads; num_key_value_heads absent -> heads;
-    `layer_types` with "sliding_attention" entries, or a `sliding_window` on every layer
-    (Mistral v0.1 style) -> windowed layers.
+    head_dim absent -> hidden_size / num_attention_heads (v_head_dim for MLA); num_key_value_heads
+    absent -> heads; `layer_types` with "sliding_attention" entries, or a `sliding_window_pattern`
+    p (Gemma 3: layer i is global when (i + 1) % p == 0), or a `sliding_window` on every layer
+    (Mistral v0.1 style) -> windowed layers; `kv_lora_rank` -> an MLA latent of kv_lora_rank +
+    qk_rope_head_dim values.
     """
     config = read_config(config)
     if not isinstance(name, str):
@@ -119,11 +217,18 @@ def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = 
     kv_heads = heads if config.get("num_key_value_heads") is None else _count(config, "num_key_value_heads")
     if heads % kv_heads:
         raise ValueError(f"num_attention_heads={heads} is not divisible by num_key_value_heads={kv_heads}")
+    latent = 0
+    if config.get("kv_lora_rank") is not None:
+        latent = _count(config, "kv_lora_rank") + _count(config, "qk_rope_head_dim")
+        config = {"head_dim": config.get("v_head_dim")} | config
     if config.get("head_dim") is None and hidden % heads:
         raise ValueError(f"hidden_size={hidden} is not divisible by num_attention_heads={heads}, and head_dim is not given")
     head_dim = hidden // heads if config.get("head_dim") is None else _count(config, "head_dim")
     window = None if config.get("sliding_window") is None else _count(config, "sliding_window")
-    types = config.get("layer_types")
+    types, pattern = config.get("layer_types"), config.get("sliding_window_pattern")
+    if not types and pattern is not None and window is not None:
+        pattern = _count(config, "sliding_window_pattern")
+        types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
     if types:
         if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
             raise ValueError(f"config.json's layer_types must be a list of strings, got {types!r:.80}")
@@ -134,13 +239,15 @@ def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = 
         windows = (window,) * layers
     else:
         windows = (None,) * layers
-    return KVSpec(name or config.get("model_type", "model"), layers, kv_heads, head_dim, windows, n_params, source)
+    return KVSpec(name or config.get("model_type", "model"), layers, kv_heads, head_dim, windows, n_params, source,
+                  heads, latent)
 
 
 def from_model_config(cfg: ModelConfig, name: str = "this book's target") -> KVSpec:
     if not isinstance(cfg, ModelConfig):
         raise TypeError(f"cfg must be a lib.config.ModelConfig, got {type(cfg).__name__}")
-    return KVSpec(name, cfg.n_layer, cfg.n_kv_head, cfg.head_dim, (None,) * cfg.n_layer, cfg.n_params())
+    return KVSpec(name, cfg.n_layer, cfg.n_kv_head, cfg.head_dim, (None,) * cfg.n_layer, cfg.n_params(),
+                  n_head=cfg.n_head)
 
 
 # The fields of each official config.json that the formula needs, with its address.
@@ -158,4 +265,23 @@ REAL_MODELS = [
                     "head_dim": 64, "hidden_size": 2880, "sliding_window": 128,
                     "layer_types": ["sliding_attention", "full_attention"] * 12}, "gpt-oss-20b", 20.9e9,
                    "https://huggingface.co/openai/gpt-oss-20b/blob/main/config.json"),
+    # text_config; sliding_window_pattern is Gemma3TextConfig's default, 5 local layers per global one.
+    # Parameters: the technical report's Table 1, 417M vision + 1,416M embedding + 25,600M others.
+    from_hf_config({"num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 16,
+                    "head_dim": 128, "hidden_size": 5376, "sliding_window": 1024, "sliding_window_pattern": 6},
+                   "Gemma-3-27B", 27.43e9, "https://huggingface.co/google/gemma-3-27b-it/blob/main/config.json"),
+    # 671B parameters in the main model (the model card; the checkpoint adds a 14B MTP module).
+    from_hf_config({"num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+                    "hidden_size": 7168, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+                    "v_head_dim": 128}, "DeepSeek-V3", 671e9,
+                   "https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json"),
 ]
+
+# The pair chapter 5 compares: the same 32 layers of 32 query heads of 128 dimensions, with 32
+# K/V heads (multi-head) and with 8 (GQA).
+LLAMA_2_7B = from_hf_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+                             "hidden_size": 4096}, "Llama-2-7B", 6.74e9,
+                            "https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json")
+LLAMA_3_8B = from_hf_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                             "hidden_size": 4096}, "Llama-3-8B", 8.03e9,
+                            "https://huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json")

@@ -560,7 +560,8 @@ def _(d):
     return memory.KVSpec, {"name": d(arg(st.just("m"), None, 3)), "n_layer": d(arg(st.just(n), 0, 1.5, None)),
                            "n_kv_head": d(count(1)), "head_dim": d(count(1)),
                            "windows": d(arg(st.just((None,) * n), lambda: (0,) * n, lambda: [None] * n, (None,) * (n + 1), "x")),
-                           "n_params": d(real(0, 1e12, -1.0))}
+                           "n_params": d(real(0, 1e12, -1.0)), "source": d(arg(st.just(""), 3)),
+                           "n_head": d(arg(st.just(0), -1, 1.5, None)), "latent": d(count(0))}
 
 
 def kv_spec(d):
@@ -581,6 +582,48 @@ def _(d):
 for _name in ("bytes_per_token", "weight_bytes"):
     spec(f"memory.KVSpec.{_name}", contract=lambda r: r >= 0)(
         lambda d, m=_name: (getattr(memory.KVSpec, m), {"self": kv_spec(d), "dtype": d(option(tuple(memory.DTYPE_BYTES)))}))
+
+
+@spec("memory.KVSpec.values_per_position", contract=lambda r: r > 0)
+def _(d):
+    return memory.KVSpec.values_per_position, {"self": kv_spec(d)}
+
+
+@spec("memory.KVSpec.max_tokens", contract=lambda r: r is None or r >= -1)
+def _(d):
+    return memory.KVSpec.max_tokens, {"self": kv_spec(d), "budget": d(arg(st.floats(-1e3, 1e12), None, "1", math.nan, math.inf, True)),
+                                      "batch": d(count(1)), "dtype": d(option(tuple(memory.DTYPE_BYTES)))}
+
+
+@spec("memory.KVSpec.multi_head", contract=lambda r: r.latent == 0 and r.n_kv_head >= 1)
+def _(d):
+    return memory.KVSpec.multi_head, {"self": kv_spec(d)}
+
+
+@spec("memory.KVSpec.per_gpu", contract=lambda r: r.kv_bytes(8) > 0)
+def _(d):
+    return memory.KVSpec.per_gpu, {"self": kv_spec(d), "tp": d(arg(st.sampled_from([1, 2, 4, 8, 16]), 0, 3, 1.5, None))}
+
+
+@spec("memory.GPU", contract=anything)
+def _(d):
+    return memory.GPU, {"name": d(good(st.just("g"))), "memory": d(real(1, 1e12, 0.0, -1.0)),
+                        "bandwidth": d(real(1, 1e13, 0.0)), "source": d(good(st.just("")))}
+
+
+def gpus(d):
+    return d(arg(st.just(memory.H100), None, "H100", lambda: {"memory": 80e9}))
+
+
+@spec("memory.kv_budget", contract=lambda r: r <= memory.H100.memory)
+def _(d):
+    return memory.kv_budget, {"gpu": gpus(d), "weight_bytes": d(real(0, 1e12, -1.0)),
+                              "utilization": d(real(0.01, 1, 0.0, 1.5)), "workspace": d(real(0, 1e10, -1.0))}
+
+
+@spec("memory.step_seconds", contract=lambda r: r >= 0)
+def _(d):
+    return memory.step_seconds, {"gpu": gpus(d), "weight_bytes": d(real(0, 1e12, -1.0)), "kv_bytes": d(real(0, 1e12, -1.0))}
 
 
 @spec("memory.dtype_bytes", contract=lambda r: r > 0)
