@@ -507,13 +507,21 @@ LOAD_TRACE = dict(n=32, seed=0, burstiness=1.0, prompt_len=(8, 48), n_new=(4, 12
 LOAD_BLOCKS, SPEC_BLOCKS = 96, 256  # the ladder's pool; speculation's, large enough that memory never binds
 LOAD_FRACTIONS = (0.1, 0.3, 0.6, 1.0, 1.5)  # rates, as shares of what a batch of 32 serves
 SLO_STEPS = dict(ttft=25, tpot=3)  # latency targets in one-sequence decode steps of the clock
+SPEC_REQUESTS, SPEC_FRACTIONS = 64, (0.1, 0.2, 0.3, 0.45, 0.6)  # below saturation: a steady state exists
+SPEC_POLICY = dict(LADDER["vLLM v1"], token_budget=None)  # a budget would cap a batch at budget / (k + 1)
+
+
+def load_rates(big_clock, mean_new: float, fractions) -> list:
+    """Arrival rates (requests/s) as shares of what a decode batch of 32 serves on the clock."""
+    return [round(32 / big_clock.decode(32) / mean_new * f, 2) for f in fractions]
 
 
 def load_study(target, draft, big_clock, small_clock, k: int = 4, out=print) -> dict:
     """The serving chapter's measurements at the stand-in's fitted cost: the ladder over the rates,
-    and vLLM v1 with and without speculative decoding. target, draft: (params, cfg) pairs; the
-    clocks from lib.clocks.fit_step_cost. Returns the numbers the goals need."""
-    from .clocks import crossing, steady_state
+    and SPEC_POLICY with and without speculative decoding below saturation, with the crossover
+    predicted by lib.clocks.crossover_rate. target, draft: (params, cfg) pairs; the clocks from
+    lib.clocks.fit_step_cost. Returns the numbers the goals need."""
+    from .clocks import crossing, crossover_rate
     from .corpus import load_corpus
     from .generate import generate
     from .lean import LeanModel
@@ -523,38 +531,41 @@ def load_study(target, draft, big_clock, small_clock, k: int = 4, out=print) -> 
     trace = dict(LOAD_TRACE, system=held_out[2000:2032])
     t1, max_tokens = big_clock.decode(1), trace["n_new"][1]
     slo = {name: steps * t1 for name, steps in SLO_STEPS.items()}
-    mean_new = float(np.mean([r.n_new for r in make_trace(2000, 1.0, n_new=trace["n_new"])]))
-    capacity = 32 / big_clock.decode(32) / mean_new
-    rates = [round(capacity * f, 2) for f in LOAD_FRACTIONS]
+    sample = make_trace(2000, 1.0, prompt_len=trace["prompt_len"], n_new=trace["n_new"])
+    mean_new = float(np.mean([r.n_new for r in sample]))
+    mean_prompt = float(np.mean([len(r.prompt) for r in sample]))  # after the shared system prompt, cached
+    rates = load_rates(big_clock, mean_new, LOAD_FRACTIONS)
     ladder = sweep_rates(lean, LADDER, rates, trace, LOAD_BLOCKS, cost=big_clock, max_tokens=max_tokens,
                          window=4 * t1)
-    spec = {"plain": LADDER["vLLM v1"], "speculative": dict(LADDER["vLLM v1"], draft=LeanModel(*draft), k=k)}
-    specs = sweep_rates(lean, spec, rates, trace, SPEC_BLOCKS, cost=big_clock, draft_cost=small_clock,
+    spec_rates = load_rates(big_clock, mean_new, SPEC_FRACTIONS)
+    spec = {"plain": SPEC_POLICY, "speculative": dict(SPEC_POLICY, draft=LeanModel(*draft), k=k)}
+    spec_trace = dict(trace, n=SPEC_REQUESTS)
+    specs = sweep_rates(lean, spec, spec_rates, spec_trace, SPEC_BLOCKS, cost=big_clock, draft_cost=small_clock,
                         max_tokens=max_tokens)
-    exact = clean = True
-    for rate in rates:
-        solo = {r.rid: generate(*target, r.prompt, r.n_new, step=lean).tokens.tolist()
-                for r in make_trace(**{**trace, "rate": float(rate)})}
-        for rep in [ladder[n][rate] for n in LADDER] + [specs[n][rate] for n in spec]:
-            exact &= all(o.tokens == solo[o.request.rid] for o in rep.outcomes)
-            m = rep.pool.manager
-            clean &= m.num_free == m.num_blocks and not any(m.ref)
+    exact = True
+    for t, policies, runs, rs in ((trace, LADDER, ladder, rates), (spec_trace, spec, specs, spec_rates)):
+        for rate in rs:
+            solo = {r.rid: generate(*target, r.prompt, r.n_new, step=lean).tokens.tolist()
+                    for r in make_trace(**{**t, "rate": float(rate)})}
+            for rep in (runs[n][rate] for n in policies):
+                m = rep.pool.manager
+                exact &= all(o.tokens == solo[o.request.rid] for o in rep.outcomes)
+                exact &= m.num_free == m.num_blocks and not any(m.ref)
     ok = [r for r in rates if ladder["static"][r].summary()["TPOT p99 ms"] <= slo["tpot"] * 1e3]
     goal_rate = max(ok) if ok else rates[0]
     good = {n: ladder[n][goal_rate].goodput(**slo) for n in LADDER}
     gains = [specs["plain"][r].summary()["TPOT p50 ms"] / specs["speculative"][r].summary()["TPOT p50 ms"]
-             for r in rates]
+             for r in spec_rates]
     alpha = acceptance_on_text(target, draft, held_out[:4096], [0.0])[0.0]
-    fine = list(np.geomspace(rates[0] / 2, rates[-1] * 2, 60))
-    tpot = lambda rate, *d: steady_state(big_clock, rate * mean_new, *d)[1]
-    predicted = crossing(fine, [tpot(r) / tpot(r, small_clock, alpha, k) for r in fine])
-    measured = crossing(rates, gains)
+    fine = list(np.geomspace(spec_rates[0] / 2, spec_rates[-1] * 2, 60))
+    predicted = crossover_rate(big_clock, small_clock, alpha, k, mean_new, fine, mean_prompt)
+    measured = crossing(spec_rates, gains)
     out(f"serving at the 12x768 stand-in's fitted cost, {trace['n']} Poisson requests per rate, rates {rates}")
     out(f"  goodput at {goal_rate} requests/s (static's p99 TPOT within {SLO_STEPS['tpot']} t(1)): "
         + ", ".join(f"{n} {g:.2f}" for n, g in good.items()))
-    out(f"  speculative (k = {k}) TPOT p50 gain by rate: " + ", ".join(f"{g:.2f}x" for g in gains)
+    out(f"  speculative (k = {k}) TPOT p50 gain at {spec_rates} requests/s: " + ", ".join(f"{g:.2f}x" for g in gains)
         + f"; crossover measured {measured:.2f}, predicted {predicted:.2f} requests/s (alpha {alpha:.2f})")
-    return dict(good=good, gains=gains, crossover=(measured, predicted), exact=exact and clean)
+    return dict(good=good, gains=gains, crossover=(measured, predicted), exact=exact)
 
 
 def bench_rows(out=print):
