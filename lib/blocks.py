@@ -142,14 +142,7 @@ class BlockManager:
         _check_id("seq_id", seq_id)
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id!r} is already allocated")
-        bs, hits, parent = self.block_size, [], ""
-        for i in range(0, len(tokens) - len(tokens) % bs, bs):  # full blocks, while they hit
-            h = chain_hash(parent, tokens[i:i + bs])
-            block = self.hash_to_block.get(h)
-            if block is None or self.block_tokens[block] != tokens[i:i + bs]:
-                break
-            hits.append(block)
-            parent = h
+        bs, hits = self.block_size, self._prefix_hits(tokens)
         need = self._blocks_for(len(tokens)) - len(hits) + (len(hits) * bs == len(tokens))
         revived = sum(self.ref[b] == 0 for b in hits)
         if need > self.num_free - revived:
@@ -169,6 +162,19 @@ class BlockManager:
         while len(self.tables[seq_id]) < self._blocks_for(len(tokens)):
             self.tables[seq_id].append(self._take_free())
         return cached
+
+    def _prefix_hits(self, tokens: list) -> list:
+        """The registered blocks that hold the prompt's leading full blocks, found by chained hash
+        and checked token by token; the search stops at the first miss."""
+        bs, hits, parent = self.block_size, [], ""
+        for i in range(0, len(tokens) - len(tokens) % bs, bs):  # full blocks, while they hit
+            h = chain_hash(parent, tokens[i:i + bs])
+            block = self.hash_to_block.get(h)
+            if block is None or self.block_tokens[block] != tokens[i:i + bs]:
+                break
+            hits.append(block)
+            parent = h
+        return hits
 
     def _copy_on_write(self, seq_id, index, log=None):
         """Give the sequence a private copy of its block `index` if another sequence shares it."""
