@@ -749,7 +749,7 @@ def _(d):
     return kernels.candidates, {"T": d(count(1))}
 
 
-@spec("paged.BlockManager", contract=anything)
+@spec("blocks.BlockManager", contract=anything)
 def _(d):
     return BlockManager, {"num_blocks": d(count(1)), "block_size": d(count(1)), "prefix_caching": d(good(st.booleans()))}
 
@@ -770,7 +770,7 @@ for _name, _args in [("can_allocate", lambda d: {"n_tokens": d(count(1))}),
                      ("truncate", lambda d: {"seq_id": d(seq_ids()), "n": d(arg(st.just(0), -1, 1.5, None))}),
                      ("fork", lambda d: {"parent": d(seq_ids()), "child": d(arg(st.just("c"), "a", lambda: ["c"]))}),
                      ("deallocate", lambda d: {"seq_id": d(seq_ids())})]:
-    spec(f"paged.BlockManager.{_name}", contract=anything)(
+    spec(f"blocks.BlockManager.{_name}", contract=anything)(
         lambda d, m=_name, a=_args: (getattr(BlockManager, m), {"self": (manager_with_sequence(d), False), **a(d)}))
 
 
@@ -853,11 +853,11 @@ EXEMPT = {
     "speculative.PromptLookup.propose": PROTOCOL + " (speculative_generate's drafter)",
     "speculative.PromptLookup.keep": PROTOCOL + " (speculative_generate's drafter)",
     "speculative.SpecStats": RECORD,
-    "paged.BlockManager.commit": PROTOCOL + " (PagedSequence.feed; tests/test_paged_stateful.py)",
-    "paged.BlockManager.rollback": PROTOCOL + " (PagedSequence.feed; tests/test_paged_stateful.py)",
+    "blocks.BlockManager.commit": PROTOCOL + " (PagedSequence.feed; tests/test_paged_stateful.py)",
+    "blocks.BlockManager.rollback": PROTOCOL + " (PagedSequence.feed; tests/test_paged_stateful.py)",
     "paged.PagedSequence": "made by PagedKVCache.add and fork, fuzzed here",
-    "paged.Reservation": RECORD,
-    "paged.chain_hash": "the block manager's hash of token ids its callers checked",
+    "blocks.Reservation": RECORD,
+    "blocks.chain_hash": "the block manager's hash of token ids its callers checked",
     "batch.masked_attention": "compiled kernel behind BatchedModel.step, which checks its inputs",
     "batch.paged_attention": "compiled kernel behind BatchedModel.step, which checks its inputs",
     "batch.attend_paged": "the compiled kernel's caller inside BatchedModel.step, which checks its inputs",
