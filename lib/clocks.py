@@ -129,45 +129,60 @@ class Shadow:
             self.pool.free(seq)
 
 
-def steady_state(cost, demand: float, draft_cost=None, alpha: float = 0.0, k: int = 0, prompts: float = 0.0,
-                 largest: int = 256):
-    """(batch, seconds per output token) of a server that must emit `demand` tokens per second and
-    compute `prompts` prompt tokens per second. At batch B a step emits B x E tokens, E = (1 -
-    alpha^(k+1)) / (1 - alpha) per sequence (Leviathan et al. 2023, eq. 1; E = 1 without a draft),
-    and takes t(B): the target's step of B (k + 1) rows plus the prompt rows that arrive while it
-    runs (prompts x t), and k draft steps of B rows. B solves B E / t(B) = demand (Little's law), at
-    least 1 (a lone sequence still pays a whole step); inf past the largest batch's throughput."""
-    if demand <= 0 or prompts < 0 or not 0 <= alpha < 1 or not is_int(k) or k < 0 or (k and draft_cost is None):
-        raise ValueError(f"need demand > 0, prompts >= 0, alpha in [0, 1), k >= 0 (a draft_cost when k > 0), "
-                         f"got {demand!r}, {prompts!r}, {alpha!r}, {k!r}")
+def _poisson(n: np.ndarray, mean: float) -> np.ndarray:
+    """P(N = n) for N ~ Poisson(mean)."""
+    return np.exp(n * math.log(mean) - mean - np.array([math.lgamma(x + 1) for x in n]))
+
+
+def steady_state(cost, rate: float, mean_new: float, draft_cost=None, alpha: float = 0.0, k: int = 0,
+                 mean_prompt: float = 0.0, largest: int = 256):
+    """(mean batch while busy, seconds per output token) of a server whose requests arrive as a
+    Poisson process at `rate` per second, each computing mean_prompt prompt tokens and emitting
+    mean_new tokens, with k draft tokens per step at acceptance rate alpha (E = (1 - alpha^(k+1)) /
+    (1 - alpha) tokens per sequence per step, Leviathan et al. 2023, eq. 1; k = 0: no draft).
+
+    The sequences in the system are Poisson with mean m, as in an M/G/infinity queue; a step of n
+    of them takes t(n): the target's step of n (k + 1) rows plus the prompt rows that arrive while
+    it runs (rate x mean_prompt x t), and k draft steps of n rows. Per token, the time is t(n) / E,
+    averaged over the steps' n (weighted by their tokens) while the server is busy, and m solves
+    Little's law, m = rate x mean_new x TPOT(m). (inf, inf) if no m up to `largest` does."""
+    if rate <= 0 or mean_new <= 0 or mean_prompt < 0 or not 0 <= alpha < 1 or not is_int(k) or k < 0 \
+            or (k and draft_cost is None):
+        raise ValueError(f"need rate > 0, mean_new > 0, mean_prompt >= 0, alpha in [0, 1), k >= 0 (a draft_cost "
+                         f"when k > 0), got {rate!r}, {mean_new!r}, {mean_prompt!r}, {alpha!r}, {k!r}")
     per_seq = (1 - alpha ** (k + 1)) / (1 - alpha)  # tokens per sequence per step
 
-    def step(B):  # B may be fractional: the clocks interpolate
-        draft = k * (draft_cost.one(B) + draft_cost.per_seq * (B - 1)) if k else 0.0
-        t = cost.one(B * (k + 1)) + cost.per_seq * (B - 1) + draft
-        for _ in range(50):  # the prompt rows of a step grow with the step's length
-            t = cost.one(B * (k + 1) + prompts * t) + cost.per_seq * (B - 1) + draft
+    def step(n):
+        draft = k * (draft_cost.one(n) + draft_cost.per_seq * (n - 1)) if k else 0.0
+        t = cost.one(n * (k + 1)) + cost.per_seq * (n - 1) + draft
+        for _ in range(30):  # the prompt rows of a step grow with the step's length
+            t = cost.one(n * (k + 1) + rate * mean_prompt * t) + cost.per_seq * (n - 1) + draft
         return t
-    emits = lambda B: B * per_seq / step(B)
-    if emits(1.0) >= demand:
-        return 1.0, step(1.0) / per_seq
-    if emits(largest) < demand:
+
+    def busy(m):  # (TPOT, mean batch) with m sequences in the system on average
+        n = np.arange(1, int(m + 8 * math.sqrt(m) + 12))  # (N,) batch sizes while busy
+        w = _poisson(n, m)  # (N,)
+        t = np.array([step(x) for x in n])  # (N,)
+        return float((w * n * t).sum() / (w * n).sum() / per_seq), float((w * n).sum() / w.sum())
+    excess = lambda m: rate * mean_new * busy(m)[0] - m  # > 0 while m is below its fixed point
+    grid = np.geomspace(1e-3, largest, 120)
+    hit = next((i for i, m in enumerate(grid) if excess(m) <= 0), None)
+    if hit is None:
         return math.inf, math.inf
-    lo, hi = 1.0, float(largest)
-    for _ in range(60):  # emits grows with B while the step is not compute-bound per row
+    lo, hi = (grid[hit - 1] if hit else 0.0), grid[hit]
+    for _ in range(40):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if emits(mid) < demand else (lo, mid)
-    return hi, step(hi) / per_seq
+        lo, hi = (mid, hi) if excess(mid) > 0 else (lo, mid)
+    tpot, batch = busy(hi)
+    return batch, tpot
 
 
 def crossover_rate(cost, draft_cost, alpha: float, k: int, mean_new: float, rates, mean_prompt: float = 0.0) -> float:
     """The request rate at which speculative decoding stops lowering the time per output token,
-    by `steady_state` on each clock (requests of mean_new output and mean_prompt computed prompt
-    tokens): interpolated in log rate between the first rate in `rates` (increasing) where it no
-    longer helps and the one before; nan if it helps at every rate."""
-    ratio = lambda rate: (steady_state(cost, rate * mean_new, prompts=rate * mean_prompt)[1]
-                          / steady_state(cost, rate * mean_new, draft_cost, alpha, k, rate * mean_prompt)[1])
-    gains = [ratio(r) for r in rates]
+    by `steady_state` with and without the draft: interpolated in log rate between the first rate
+    in `rates` (increasing) where it no longer helps and the one before; nan if it helps at every rate."""
+    gains = [steady_state(cost, r, mean_new, mean_prompt=mean_prompt)[1]
+             / steady_state(cost, r, mean_new, draft_cost, alpha, k, mean_prompt)[1] for r in rates]
     return crossing(rates, gains)
 
 

@@ -10,7 +10,7 @@ from lib.lean import LeanModel
 from lib.model import load
 from lib.batch import BatchedModel, batch_stepper
 from lib.timing import single_thread
-from lib.clocks import Shadow, StepCost, crossing, fit_step_cost, steady_state
+from lib.clocks import Shadow, StepCost, crossing, crossover_rate, fit_step_cost, steady_state
 from lib.serving import LADDER, Request, make_trace, serve
 
 PARAMS, CFG = load("target")
@@ -148,16 +148,20 @@ def test_step_cost_interpolates_its_points_and_adds_a_cost_per_sequence():
         StepCost((2, 4), (1.0, 2.0), 0.0)
 
 
-def test_steady_state_follows_littles_law_and_speculation_crosses_over():
-    B, tpot = steady_state(COST, 5000.0)
-    assert B / COST.decode(B) == pytest.approx(5000.0, rel=1e-6) and tpot == pytest.approx(COST.decode(B))
-    assert steady_state(COST, 1.0) == (1.0, COST.decode(1))  # a lone sequence pays its whole step
-    assert steady_state(COST, 1e9)[0] == float("inf")
-    rates = list(np.geomspace(1, 1e5, 40))
+def test_steady_state_is_littles_law_over_a_poisson_batch():
+    batch, tpot = steady_state(COST, 300.0, 20.0)
+    assert tpot > COST.decode(1) and batch > 1  # requests overlap: a mean batch above one
+    light, heavy = steady_state(COST, 1.0, 20.0), steady_state(COST, 3000.0, 20.0)
+    assert light[1] == pytest.approx(COST.decode(1), rel=0.05) and heavy[1] > tpot  # more load, slower tokens
+    assert steady_state(COST, 1e9, 20.0) == (float("inf"), float("inf"))
+    rates = list(np.geomspace(1, 1e4, 40))
     dear_rows = StepCost((1, 2, 64), (1e-3, 1.1e-3, 2e-2), 1e-4)  # rows past a few cost their arithmetic
-    gains = [steady_state(dear_rows, r)[1] / steady_state(dear_rows, r, DRAFT_COST, 0.8, 4)[1] for r in rates]
-    assert gains[0] > 1.1 and 500 < crossing(rates, gains) < 1600
+    assert steady_state(dear_rows, 1.0, 20.0, DRAFT_COST, 0.8, 4)[1] < 0.9 * dear_rows.decode(1)
+    cross = crossover_rate(dear_rows, DRAFT_COST, 0.8, 4, 20.0, rates)
+    assert 1 < cross < 1e4
     assert np.isnan(crossing([1, 2], [2.0, 1.5]))
+    with pytest.raises(ValueError, match="draft_cost"):
+        steady_state(COST, 1.0, 20.0, k=2)
 
 
 @pytest.mark.parametrize("name", list(LADDER))
