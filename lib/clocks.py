@@ -152,25 +152,29 @@ def steady_state(cost, rate: float, mean_new: float, draft_cost=None, alpha: flo
                          f"when k > 0), got {rate!r}, {mean_new!r}, {mean_prompt!r}, {alpha!r}, {k!r}")
     per_seq = (1 - alpha ** (k + 1)) / (1 - alpha)  # tokens per sequence per step
 
-    def step(n):
-        draft = k * (draft_cost.one(n) + draft_cost.per_seq * (n - 1)) if k else 0.0
-        t = cost.one(n * (k + 1)) + cost.per_seq * (n - 1) + draft
-        for _ in range(30):  # the prompt rows of a step grow with the step's length
-            t = cost.one(n * (k + 1) + rate * mean_prompt * t) + cost.per_seq * (n - 1) + draft
-        return t
+    steps = {}
+
+    def step(n: int) -> float:  # seconds of a step of n sequences, memoized
+        if n not in steps:
+            draft = k * (draft_cost.one(n) + draft_cost.per_seq * (n - 1)) if k else 0.0
+            t = cost.one(n * (k + 1)) + cost.per_seq * (n - 1) + draft
+            for _ in range(12):  # the prompt rows of a step grow with the step's length
+                t = cost.one(n * (k + 1) + rate * mean_prompt * t) + cost.per_seq * (n - 1) + draft
+            steps[n] = t
+        return steps[n]
 
     def busy(m):  # (TPOT, mean batch) with m sequences in the system on average
         n = np.arange(1, int(m + 8 * math.sqrt(m) + 12))  # (N,) batch sizes while busy
         w = _poisson(n, m)  # (N,)
-        t = np.array([step(x) for x in n])  # (N,)
+        t = np.array([step(int(x)) for x in n])  # (N,)
         return float((w * n * t).sum() / (w * n).sum() / per_seq), float((w * n).sum() / w.sum())
     excess = lambda m: rate * mean_new * busy(m)[0] - m  # > 0 while m is below its fixed point
-    grid = np.geomspace(1e-3, largest, 120)
+    grid = np.geomspace(1e-3, largest, 80)
     hit = next((i for i, m in enumerate(grid) if excess(m) <= 0), None)
     if hit is None:
         return math.inf, math.inf
     lo, hi = (grid[hit - 1] if hit else 0.0), grid[hit]
-    for _ in range(40):
+    for _ in range(30):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if excess(mid) > 0 else (lo, mid)
     tpot, batch = busy(hi)
