@@ -184,7 +184,8 @@ def steady_state(cost, rate: float, mean_new: float, draft_cost=None, alpha: flo
 def crossover_rate(cost, draft_cost, alpha: float, k: int, mean_new: float, rates, mean_prompt: float = 0.0) -> float:
     """The request rate at which speculative decoding stops lowering the time per output token,
     by `steady_state` with and without the draft: interpolated in log rate between the first rate
-    in `rates` (increasing) where it no longer helps and the one before; nan if it helps at every rate."""
+    in `rates` (increasing) where it no longer helps and the one before (the first crossing only);
+    nan if it helps at every rate."""
     gains = [steady_state(cost, r, mean_new, mean_prompt=mean_prompt)[1]
              / steady_state(cost, r, mean_new, draft_cost, alpha, k, mean_prompt)[1] for r in rates]
     return crossing(rates, gains)

@@ -889,7 +889,7 @@ EXEMPT = {
         "standin_params", "standin", "weight_bytes", "CostShadow")},
     **{f"serving.{n}": "the serving simulation, stateful and timed; tests/test_serving.py" for n in (
         "Request", "Outcome", "make_trace", "rejection", "Report", "Report.summary", "Report.goodput", "Report.attainment", "serve",
-        "decode_speedup", "sweep_rates", "load_rates", "load_study", "bench_rows")},
+        "decode_speedup", "sweep_rates", "load_rates", "best_rate", "slo_capacity", "load_study", "bench_rows")},
     **{f"clocks.{n}": "serving clocks, fitted by timing or timed on a stand-in; tests/test_serving.py" for n in (
         "check_rows", "StepCost", "StepCost.one", "StepCost.decode", "StepCost.free", "fit_step_cost", "Shadow",
         "Shadow.free", "steady_state", "crossover_rate", "crossing")},

@@ -180,6 +180,32 @@ def test_speculative_batch_equals_greedy_and_accepts():
     assert 0 < s["acceptance"] <= 1 and report.draft_pool.manager.num_free == report.draft_pool.manager.num_blocks
 
 
+def test_speculative_batch_under_preemption_still_equals_greedy():
+    """A pool that cannot hold everyone: speculating sequences are preempted, recomputed, and both
+    their caches freed; the tokens are still each request's greedy decoding."""
+    trace = make_trace(6, rate=1000.0, seed=3, prompt_len=(20, 30), n_new=(30, 40))
+    report = serve(LEAN, trace, 6, cost=COST, draft=DRAFT, k=3, draft_cost=DRAFT_COST)
+    assert report.preemptions > 0
+    check_report(report, trace)
+    assert report.draft_pool.manager.num_free == report.draft_pool.manager.num_blocks
+
+
+def test_speculative_batch_samples_at_temperature_and_cleans_up():
+    trace = make_trace(5, rate=500.0, seed=6, prompt_len=(10, 20), n_new=(10, 30))
+    report = serve(LEAN, trace, 40, cost=COST, draft=DRAFT, k=4, draft_cost=DRAFT_COST, temperature=0.8)
+    m = report.pool.manager
+    assert m.num_free == m.num_blocks and not any(m.ref)
+    assert all(len(o.tokens) == o.request.n_new for o in report.outcomes)
+    assert 0 < report.summary()["acceptance"] < 1
+
+
+def test_the_latest_arrival_is_preempted_first():
+    trace = make_trace(6, rate=1000.0, seed=3, prompt_len=(20, 30), n_new=(30, 40))
+    report = serve(LEAN, trace, 6, cost=COST)
+    first = min(report.outcomes, key=lambda o: o.request.arrival)
+    assert first.preempted == 0 and report.preemptions > 0
+
+
 def test_shadow_times_the_rows_and_frees_its_sequences():
     shadow = Shadow(LEAN, num_blocks=16)
     assert shadow([("a", 1, 30), ("b", 5, 0)]) > 0
