@@ -141,11 +141,13 @@ def steady_state(cost, rate: float, mean_new: float, draft_cost=None, alpha: flo
     mean_new tokens, with k draft tokens per step at acceptance rate alpha (E = (1 - alpha^(k+1)) /
     (1 - alpha) tokens per sequence per step, Leviathan et al. 2023, eq. 1; k = 0: no draft).
 
-    The sequences in the system are Poisson with mean m, as in an M/G/infinity queue; a step of n
-    of them takes t(n): the target's step of n (k + 1) rows plus the prompt rows that arrive while
-    it runs (rate x mean_prompt x t), and k draft steps of n rows. Per token, the time is t(n) / E,
-    averaged over the steps' n (weighted by their tokens) while the server is busy, and m solves
-    Little's law, m = rate x mean_new x TPOT(m). (inf, inf) if no m up to `largest` does."""
+    The sequences in the system are taken as Poisson with mean m, as in an M/G/infinity queue. With n
+    of them a decode step takes t_d(n), the target's step of n (k + 1) rows plus k draft steps of n
+    rows; each arriving request's prompt is computed whole in one step with the others' rows,
+    t_p(n), and such steps come at `rate`, so the mean step is t(n) = t_d / (1 - rate (t_p - t_d)).
+    Per token, the time is t(n) / E, averaged over the steps' n (weighted by their tokens) while the
+    server is busy, and m solves Little's law, m = rate x mean_new x TPOT(m). (inf, inf) if no m
+    up to `largest` does."""
     if rate <= 0 or mean_new <= 0 or mean_prompt < 0 or not 0 <= alpha < 1 or not is_int(k) or k < 0 \
             or (k and draft_cost is None):
         raise ValueError(f"need rate > 0, mean_new > 0, mean_prompt >= 0, alpha in [0, 1), k >= 0 (a draft_cost "
@@ -154,19 +156,22 @@ def steady_state(cost, rate: float, mean_new: float, draft_cost=None, alpha: flo
 
     steps = {}
 
-    def step(n: int) -> float:  # seconds of a step of n sequences, memoized
+    def step(n: int) -> float:  # mean seconds per step with n sequences decoding, memoized
         if n not in steps:
             draft = k * (draft_cost.one(n) + draft_cost.per_seq * (n - 1)) if k else 0.0
-            t = cost.one(n * (k + 1)) + cost.per_seq * (n - 1) + draft
-            for _ in range(12):  # the prompt rows of a step grow with the step's length
-                t = cost.one(n * (k + 1) + rate * mean_prompt * t) + cost.per_seq * (n - 1) + draft
-            steps[n] = t
+            decode = cost.one(n * (k + 1)) + cost.per_seq * (n - 1) + draft
+            with_prompt = cost.one(n * (k + 1) + mean_prompt) + cost.per_seq * n + draft
+            # one step in rate x (mean step) also computes an arriving prompt: solve for the mean step
+            spare = 1 - rate * (with_prompt - decode)
+            steps[n] = decode / spare if spare > 0 else math.inf
         return steps[n]
 
     def busy(m):  # (TPOT, mean batch) with m sequences in the system on average
         n = np.arange(1, int(m + 8 * math.sqrt(m) + 12))  # (N,) batch sizes while busy
         w = _poisson(n, m)  # (N,)
         t = np.array([step(int(x)) for x in n])  # (N,)
+        if not np.all(np.isfinite(t)):
+            return math.inf, float((w * n).sum() / w.sum())
         return float((w * n * t).sum() / (w * n).sum() / per_seq), float((w * n).sum() / w.sum())
     excess = lambda m: rate * mean_new * busy(m)[0] - m  # > 0 while m is below its fixed point
     grid = np.geomspace(1e-3, largest, 80)
