@@ -78,6 +78,11 @@ QUOTED = {
         "0.000739": "the source article", "0.00885": "the source article",
         "1.0": "vLLM", "0.11": "vLLM",  # vLLM's default fp8 scale, and its docs' version
     },
+    "08_serving.ipynb": {
+        "0.01": "vLLM",  # vLLM v0's default watermark share
+        "2-4": "vLLM",  # the vLLM paper's throughput over Orca
+        "1.5-2.8": "vLLM", "1.4-1.8": "vLLM",  # vLLM's blog on speculative decoding under load
+    },
     "09_speculative_proof.ipynb": {
         "0.005-0.007": "the article", "0.0045-0.0058": "the article", "0.10-0.14": "the article",
     },
