@@ -202,7 +202,7 @@ def _readers():
 READERS = _readers()
 
 
-@njit(cache=True, fastmath=True, nogil=True)
+@njit(fastmath=True, nogil=True)  # not cached on disk: numba's cache cannot store the readers it is passed
 def paged_attention(q, k_pool, v_pool, k_scale, v_scale, dot, axpy, lut, tables, seq, pos, scale, out):
     """Attention of every new row straight from the block pool, whatever it stores: row r, of
     sequence seq[r] at position pos[r], sees keys 0..pos[r] through the block table
