@@ -309,10 +309,10 @@ class _Server:
             if not self.running:
                 raise RuntimeError(f"scheduler stalled: {len(self.waiting)} waiting, none admitted, "
                                    f"{self.manager.num_free} of {self.num_blocks} blocks free")
-            seconds = self._step()
+            seconds, batch, finished = self._step()
             seconds = time.perf_counter() - tick if self.cost is None else seconds
             self.now += seconds
-            self._record(seconds)
+            self._record(seconds, batch, finished)
         return Report([self.outcomes[r] for r in self.outcomes], self.pool, self.now - start, self.steps,
                       self.preemptions, self.recomputed, self.prefilled, self.peak,
                       np.array(self.timeline).reshape(-1, 4), self.draft_pool)
@@ -400,8 +400,9 @@ class _Server:
             budget -= len(chunk)
         return batch, feeds
 
-    def _step(self) -> float:
-        """Draft, run one batched target step, judge and sample; returns the clock's seconds for it."""
+    def _step(self):
+        """Draft, run one batched target step, judge and sample; returns (the clock's seconds for it,
+        the sequences in it, those that finished)."""
         batch, feeds = self._plan()
         seconds, drafted, qs = self._draft([l for l, f in zip(batch, feeds) if f is None and l.k])
         for i, live in enumerate(batch):
@@ -426,9 +427,7 @@ class _Server:
             out.tokens.extend(new)
             if len(out.tokens) == out.request.n_new:
                 finished.append(live)
-        self._finished = finished
-        self._sampled = batch
-        return seconds
+        return seconds, batch, finished
 
     def _draft(self, specs):
         """k_i draft tokens for each speculating sequence, in batched draft steps; returns
@@ -478,14 +477,14 @@ class _Server:
             live.draft_seq.truncate(min(live.draft_seq.n, base + 1 + kept))
         return drafted[:kept] + [nxt]
 
-    def _record(self, seconds: float):
+    def _record(self, seconds: float, batch, finished):
         used = self.reserved if self.reserve == "max" else self.num_blocks - self.manager.num_free
         self.peak = max(self.peak, used)
-        self.timeline.append((self.now, len(self._sampled), used, seconds))
-        for live in self._sampled:
+        self.timeline.append((self.now, len(batch), used, seconds))
+        for live in batch:
             if live.outcome.tokens and math.isnan(live.outcome.first):
                 live.outcome.first = self.now
-        for live in self._finished:
+        for live in finished:
             live.outcome.finish = self.now
             self._release(live)  # its blocks return to the pool at once
             self.running.remove(live)
