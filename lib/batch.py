@@ -16,13 +16,12 @@ run here; every sequence's logits equal decoding it alone (tests/test_batch.py).
 import math
 
 import numpy as np
-from numba import njit
 
-from . import quant
 from .config import is_int
 from .lean import GELU_S, LeanModel, cached_step
 from .model import GELU_C, LN_EPS, check_cache, check_tokens, head, layer_norm, mlp
 from .paged import PagedKVCache, PagedSequence
+from .paged_kernel import attend_paged
 
 
 class _Plain:
@@ -114,135 +113,6 @@ def masked_attention(q, k, v, pos, scale):
     np.exp(att, out=att)
     att /= att.sum(axis=-1, keepdims=True)
     return np.matmul(att, v).reshape(Hkv, B, G, T, D)
-
-
-@njit(inline="always")
-def _scale_at(scales, block, head, slot):
-    """A slot's scale from (blocks, Hkv, bs) per-slot scales or (1, Hkv or 1, 1) fixed ones."""
-    return scales[block if scales.shape[0] > 1 else 0, head if scales.shape[1] > 1 else 0,
-                  slot if scales.shape[2] > 1 else 0]
-
-
-# Each stored form of K/V has two compiled readers, both straight from one block's codes of one
-# head, (bs, D) or (bs, D/2) for int4: `dot` puts q . k_j times the slot's scale into scores[j]
-# for the first n slots; `axpy` adds w_j times v_j (times its scale) to acc. The scale multiplies
-# once per slot, outside the loop over the head's D values.
-
-@njit(cache=True, fastmath=True, nogil=True)
-def _dot_values(codes, scales, block, head, lut, qh, n, scores):
-    """dot for float32 and int8 codes (the value is the code, times the scale)."""
-    for j in range(n):
-        a = np.float32(0.0)
-        for d in range(qh.shape[0]):
-            a += qh[d] * np.float32(codes[j, d])
-        scores[j] = a * _scale_at(scales, block, head, j)
-
-
-@njit(cache=True, fastmath=True, nogil=True)
-def _axpy_values(codes, scales, block, head, lut, w, n, acc):
-    """axpy for float32 and int8 codes."""
-    for j in range(n):
-        wj = w[j] * _scale_at(scales, block, head, j)
-        for d in range(acc.shape[0]):
-            acc[d] += wj * np.float32(codes[j, d])
-
-
-@njit(cache=True, fastmath=True, nogil=True)
-def _dot_table(codes, scales, block, head, lut, qh, n, scores):
-    """dot for fp8 bytes and float16 bits: each code's value from the table `lut`."""
-    for j in range(n):
-        a = np.float32(0.0)
-        for d in range(qh.shape[0]):
-            a += qh[d] * lut[codes[j, d]]
-        scores[j] = a * _scale_at(scales, block, head, j)
-
-
-@njit(cache=True, fastmath=True, nogil=True)
-def _axpy_table(codes, scales, block, head, lut, w, n, acc):
-    """axpy for fp8 bytes and float16 bits."""
-    for j in range(n):
-        wj = w[j] * _scale_at(scales, block, head, j)
-        for d in range(acc.shape[0]):
-            acc[d] += wj * lut[codes[j, d]]
-
-
-@njit(cache=True, fastmath=True, nogil=True)
-def _dot_nibbles(codes, scales, block, head, lut, qh, n, scores):
-    """dot for packed int4: byte d holds values 2d (low nibble) and 2d + 1, each stored plus 8."""
-    for j in range(n):
-        a = np.float32(0.0)
-        for d in range(codes.shape[1]):
-            b = np.int32(codes[j, d])
-            a += qh[2 * d] * np.float32((b & 15) - 8) + qh[2 * d + 1] * np.float32((b >> 4) - 8)
-        scores[j] = a * _scale_at(scales, block, head, j)
-
-
-@njit(cache=True, fastmath=True, nogil=True)
-def _axpy_nibbles(codes, scales, block, head, lut, w, n, acc):
-    """axpy for packed int4."""
-    for j in range(n):
-        wj = w[j] * _scale_at(scales, block, head, j)
-        for d in range(codes.shape[1]):
-            b = np.int32(codes[j, d])
-            acc[2 * d] += wj * np.float32((b & 15) - 8)
-            acc[2 * d + 1] += wj * np.float32((b >> 4) - 8)
-
-
-def _readers():
-    """{kind: (dot, axpy, codes as the kernels read them, table of code values)}."""
-    fp8 = np.concatenate([quant.E4M3, [np.nan], -quant.E4M3, [np.nan]]).astype(np.float32)  # by byte; 0x7F, 0xFF: NaN
-    half = np.arange(2**16, dtype=np.uint16).view(np.float16).astype(np.float32)  # every float16's value
-    none = np.zeros(1, np.float32)
-    same = lambda a: a
-    return {"float32": (_dot_values, _axpy_values, same, none), "int8": (_dot_values, _axpy_values, same, none),
-            "fp8": (_dot_table, _axpy_table, same, fp8), "float16": (_dot_table, _axpy_table, lambda a: a.view(np.uint16), half),
-            "int4": (_dot_nibbles, _axpy_nibbles, same, none)}
-
-
-READERS = _readers()
-
-
-@njit(fastmath=True, nogil=True)  # not cached on disk: numba's cache cannot store the readers it is passed
-def paged_attention(q, k_pool, v_pool, k_scale, v_scale, dot, axpy, lut, tables, seq, pos, scale, out):
-    """Attention of every new row straight from the block pool, whatever it stores: row r, of
-    sequence seq[r] at position pos[r], sees keys 0..pos[r] through the block table
-    tables[seq[r]]; query head h reads K/V head h // G. The readers `dot` and `axpy` (one pair
-    per stored form) read each block's codes and scales where they lie: no dequantized copy of the
-    cache is made. (Compiled by numba.)
-
-    q, out: (R, H, D); k_pool, v_pool: (blocks, Hkv, bs, D or D/2) codes; k_scale, v_scale:
-    (blocks, Hkv, bs) or (1, Hkv or 1, 1); tables: (B, width); seq, pos: (R,)"""
-    R, H, D = q.shape
-    Hkv, bs = k_pool.shape[1], k_pool.shape[2]
-    scores = np.empty(tables.shape[1] * bs, np.float32)  # (S,) then weights
-    acc, qs = np.empty(D, np.float32), np.empty(D, np.float32)
-    for r in range(R):
-        table, S = tables[seq[r]], pos[r] + 1
-        for h in range(H):
-            g = h // (H // Hkv)  # its K/V head
-            qs[:] = q[r, h] * scale  # (D,)
-            for start in range(0, S, bs):
-                block = table[start // bs]
-                dot(k_pool[block, g], k_scale, block, g, lut, qs, min(bs, S - start), scores[start:])
-            top = scores[:S].max()
-            total = np.float32(0.0)
-            for s in range(S):
-                scores[s] = np.exp(scores[s] - top)
-                total += scores[s]
-            acc[:] = 0.0
-            for start in range(0, S, bs):
-                block = table[start // bs]
-                axpy(v_pool[block, g], v_scale, block, g, lut, scores[start:], min(bs, S - start), acc)
-            out[r, h] = acc / total
-
-
-def attend_paged(q, pool, layer, tables, seq, pos, scale):
-    """paged_attention over one layer of `pool` (a lib.paged.PagedKVCache of any dtype): q (R, H, D) -> (R, H, D)."""
-    dot, axpy, view, lut = READERS[pool.kind]
-    out = np.empty(q.shape, np.float32)  # (R, H, D)
-    paged_attention(np.ascontiguousarray(q), view(pool.k[layer]), view(pool.v[layer]), pool.k_scale[layer],
-                    pool.v_scale[layer], dot, axpy, lut, tables, seq, pos, np.float32(scale), out)
-    return out
 
 
 class _Rows:

@@ -9,38 +9,59 @@ reads, and only if attention reads the codes where they lie: the paged kernel of
 does (`attend_paged`). The sequences' K and V are random values of the model's shapes, written
 through the pool's own quantizing store: attention's cost depends on the shapes, not the values.
 
+The stand-in here is the 12x768 one with GPT-2 small's own context of 1,024 positions
+(`STANDIN`), so the cache can reach about four times the weights' bytes at a batch of 16.
+
 The prediction adds two parts: the step without its attention, from `lib.costmodel` (the
 counted numpy work of a call over B new rows), and attention, as the larger of its bytes at the
 read bandwidth of the step's working set and its values at the kernel's own rate per value,
 measured on one layer of a few sequences (`kernel_seconds_per_value`).
 """
+import dataclasses
+
 import numpy as np
 
-from .batch import BatchedModel, attend_paged
+from .batch import BatchedModel
 from .costmodel import lean_builder, predict_calls
+from .lean import LeanModel
 from .paged import PagedKVCache
+from .paged_kernel import attend_paged
+from .standins import STANDINS, standin_params
 from .timing import median_time
 
 DTYPES = ("float32", "float16", "fp8", "int8", "int4")
+STANDIN = dataclasses.replace(STANDINS["12x768"], block_size=1024)  # GPT-2 small: 12 x 768, 1,024 positions
+
+
+def standin() -> LeanModel:
+    """The lean model of STANDIN (random weights, for timing only)."""
+    return LeanModel(standin_params(STANDIN), STANDIN)
+
+
+def filled_pools(cfg, dtypes, batch: int, context: int, block_size: int = 16, seed: int = 0) -> dict:
+    """{dtype: (pool, sequences)}: a paged pool of each dtype with `batch` sequences of `context`
+    written positions, all holding the same random K/V (standard normal values, as a trained
+    model's are in scale), drawn once and written through each pool's own quantizing store."""
+    rng = np.random.default_rng(seed)
+    blocks = batch * -(-(context + 1) // block_size)
+    pools = {d: PagedKVCache(cfg, blocks, block_size, prefix_caching=False, dtype=d) for d in dtypes}
+    seqs = {d: [pool.add(b, np.zeros(context, np.int64)) for b in range(batch)] for d, pool in pools.items()}
+    Hkv, D = cfg.n_kv_head, cfg.head_dim
+    for b in range(batch):
+        kv = [rng.standard_normal((2, Hkv, context, D), dtype=np.float32) for _ in range(cfg.n_layer)]
+
+        def write(tokens, cache):  # a step that writes this sequence's K/V in every layer
+            for layer in range(cfg.n_layer):
+                cache.write(layer, *kv[layer])
+            cache.advance(len(tokens))
+        for d in dtypes:
+            seqs[d][b].feed(np.zeros(context, np.int64), write)
+    return {d: (pools[d], seqs[d]) for d in dtypes}
 
 
 def filled_pool(cfg, dtype: str, batch: int, context: int, block_size: int = 16, seed: int = 0):
-    """A paged pool of `dtype` with `batch` sequences of `context` written positions of random K/V
-    (standard normal values, as a trained model's are in scale): (pool, sequences)."""
-    rng = np.random.default_rng(seed)
-    blocks = batch * -(-(context + 1) // block_size)
-    pool = PagedKVCache(cfg, blocks, block_size, prefix_caching=False, dtype=dtype)
-    Hkv, D = cfg.n_kv_head, cfg.head_dim
-
-    def write_random(tokens, cache):  # a step that writes random K/V in every layer
-        for layer in range(cfg.n_layer):
-            cache.write(layer, *rng.standard_normal((2, Hkv, len(tokens), D), dtype=np.float32))
-        cache.advance(len(tokens))
-
-    seqs = [pool.add(b, np.zeros(context, np.int64)) for b in range(batch)]
-    for seq in seqs:
-        seq.feed(np.zeros(context, np.int64), write_random)
-    return pool, seqs
+    """One pool of filled_pools: (pool, sequences)."""
+    return filled_pools(cfg, (dtype,), batch, context, block_size, seed)[dtype]
 
 
 def stepper(model, seqs):
@@ -102,7 +123,7 @@ def sweep(machine, model, params, points, dtypes=DTYPES, rounds: int = 5) -> dic
     rows = {}
     for batch, context in points:
         other = predict_other_work(machine, model, params, batch)
-        pools = {dtype: filled_pool(model.cfg, dtype, batch, context) for dtype in dtypes}
+        pools = filled_pools(model.cfg, dtypes, batch, context)
         for dtype, (pool, _) in pools.items():
             kv = cache_bytes(pool, batch, context)
             attention = predict_attention(machine, model, batch, context, kv, rates[dtype])

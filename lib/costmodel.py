@@ -43,7 +43,8 @@ LADDER = (32 * 2**10, 256 * 2**10, 2**20, 3 * 2**19, 2 * 2**20, 3 * 2**20, 4 * 2
           256 * 2**20, 2**30)  # working sets probed; dense around the common L2 sizes, where the rate falls
 RATE_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 64, 512)
 RATE_LEVELS = (256 * 2**10, 16 * 2**20, 256 * 2**20)  # weight sizes the products are timed on: in L2, L3, memory
-LARGE_ROWS = 16  # from this many rows on, products are timed in L2 only (compute-bound wherever the weight is)
+LARGE_ROWS = 64  # from this many rows on, products are timed in L2 only (compute-bound wherever the weight is;
+# 16 rows are not: a batch of 16 over weights streamed from memory ran at about two thirds of its L2 rate)
 ELEMENTWISE = {  # ufunc (and method) -> a call that computes 65,536 float32 elements of it into a buffer
     "add": lambda x, o: np.add(x, x, out=o), "subtract": lambda x, o: np.subtract(x, x, out=o),
     "multiply": lambda x, o: np.multiply(x, x, out=o), "divide": lambda x, o: np.divide(x, 3.0, out=o),

@@ -164,14 +164,19 @@ E4M3 = _e4m3_values()  # (127,) float64, 0 .. 448
 def fp8_encode(x) -> np.ndarray:
     """fp8 e4m3 codes (uint8 bit patterns) of x: round to the nearest e4m3 value, ties to an even
     mantissa, saturating at +-448 (like vLLM's fp8 KV cache, which stores torch.float8_e4m3fn values of
-    x / scale, clamped to the format's range first)."""
+    x / scale, clamped to the format's range first).
+
+    With bit operations, as a conversion instruction does: in float64 (exact for float32 input),
+    a normal value keeps 3 of its 52 mantissa bits, rounded to nearest even by adding just under
+    half a step plus the lowest kept bit; a carry moves it to the next binade. Below 2^-6 the codes
+    are subnormal, multiples of 2^-9."""
     x = check_values(x)
     a = np.minimum(np.abs(x.astype(np.float64)), E4M3[-1])  # (...,) saturate at 448
-    hi = np.minimum(np.searchsorted(E4M3, a), len(E4M3) - 1)  # first value >= a
-    lo = np.maximum(hi - 1, 0)
-    d_lo, d_hi = a - E4M3[lo], E4M3[hi] - a
-    code = np.where((d_hi < d_lo) | ((d_hi == d_lo) & (hi % 2 == 0)), hi, lo)  # nearest, ties to even
-    return (code | np.signbit(x) << 7).astype(np.uint8)  # sign bit, also on a value rounded to -0
+    bits = a.view(np.uint64)
+    kept = (bits + np.uint64(2**48 - 1) + ((bits >> np.uint64(49)) & np.uint64(1))) >> np.uint64(49)  # exponent, 3 bits
+    normal = kept.astype(np.int64) - (1023 - 7) * 8  # e4m3's exponent bias is 7
+    code = np.where(a < 2.0 ** -6, np.rint(a * 2.0 ** 9).astype(np.int64), normal)  # subnormals: ties to even too
+    return (code | np.signbit(x).astype(np.int64) << 7).astype(np.uint8)  # sign bit, also on a value rounded to -0
 
 
 def fp8_decode(codes) -> np.ndarray:

@@ -859,8 +859,12 @@ EXEMPT = {
     "blocks.Reservation": RECORD,
     "blocks.chain_hash": "the block manager's hash of token ids its callers checked",
     "batch.masked_attention": "compiled kernel behind BatchedModel.step, which checks its inputs",
-    "batch.paged_attention": "compiled kernel behind BatchedModel.step, which checks its inputs",
-    "batch.attend_paged": "the compiled kernel's caller inside BatchedModel.step, which checks its inputs",
+    "paged_kernel.kernel": "compiles the kernel behind BatchedModel.step, which checks its inputs",
+    "paged_kernel.attend_paged": "the compiled kernel's caller inside BatchedModel.step, which checks its inputs; "
+                                 "tests/test_quant_attention.py",
+    "paged_kernel.prefetch": "a compiled intrinsic, callable only inside compiled code",
+    "paged_kernel.bits_to_float": "a compiled intrinsic, callable only inside compiled code",
+    "paged_kernel.exp_nonpositive": "compiled arithmetic inside the kernel, held to np.exp in tests/test_quant_attention.py",
     "paged.PagedKVCache.store": PROTOCOL + " (PagedSequence.write and BatchedModel.step)",
     "paged.PagedKVCache.load": PROTOCOL + " (PagedSequence.read)",
     "batch.batch_stepper": MEASURES,
@@ -881,7 +885,7 @@ EXEMPT = {
         "h100_line")},
     "bench.run": "the benchmark report, python -m lib.bench",
     **{f"cachebytes.{n}": MEASURES + " (where a quantized cache pays; tests/test_quant_attention.py)" for n in (
-        "filled_pool", "stepper", "kernel_seconds_per_value", "cache_bytes", "predict_other_work", "predict_attention", "sweep")},
+        "filled_pool", "filled_pools", "standin", "stepper", "kernel_seconds_per_value", "cache_bytes", "predict_other_work", "predict_attention", "sweep")},
     **{f"sweep.{n}": MEASURES + " (the k-sweep; tests/test_sweep.py)" for n in (
         "call_costs", "draft_cost", "tokens_per_call_distribution", "truncated_geometric", "merged", "sweep", "predictions",
         "acceptance_on_text")},

@@ -3,9 +3,11 @@ cache to float32 first and then attending, for every dtype and scale granularity
 on a quantized pool equals decoding each sequence alone through the same pool's float32 read."""
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from lib import quant
-from lib.batch import BatchedModel, attend_paged
+from lib.batch import BatchedModel
+from lib.paged_kernel import attend_paged
 from lib.kv_cache import DTYPES
 from lib.lean import LeanModel
 from lib.model import attention, forward_cached
@@ -78,3 +80,51 @@ def test_filled_pools_hold_the_positions_asked_for_in_fewer_bytes():
     assert sizes["int4"] == per_value // 2 + scales
     stepper(LeanModel(PARAMS, GQA), seqs)()
     assert [s.n for s in seqs] == [L] * B
+
+
+def test_filled_pools_hold_the_same_values_in_every_form():
+    """filled_pools draws K/V once: each pool, read back as float32, holds the float32 pool's
+    values to its own rounding."""
+    from lib.cachebytes import filled_pools
+    pools = filled_pools(GQA, DTYPES, 2, 9, block_size=4)
+    exact = [pools["float32"][0].load(layer, s.block_table, 9) for layer in range(GQA.n_layer)
+             for s in pools["float32"][1]]
+    for kind, (pool, seqs) in pools.items():
+        got = [pool.load(layer, s.block_table, 9) for layer in range(GQA.n_layer) for s in seqs]
+        for (k0, v0), (k, v) in zip(exact, got):
+            top = np.abs(k0).max(axis=-1, keepdims=True)  # per position: the scale's reach
+            np.testing.assert_allclose(k, k0, atol=float(top.max()) * (0.15 if kind == "int4" else 0.07))
+
+
+@given(st.floats(-200.0, 0.0, allow_nan=False, width=32))
+@settings(max_examples=300, deadline=None)
+def test_the_kernels_exponential_is_float32_exact_to_a_few_ulp(x):
+    """The softmax's polynomial exponential against numpy's, for every score minus its row's
+    maximum (x <= 0); below -87 it stays at e^-87, where weights are far below float32's rounding."""
+    from lib.paged_kernel import exp_nonpositive
+    got = exp_nonpositive(np.float32(x))
+    expected = np.exp(np.float64(max(x, -87.0)))
+    assert abs(got - expected) <= 4 * np.spacing(np.float32(expected))
+
+
+def test_partial_blocks_and_grouped_heads_in_every_form():
+    """Sequences whose last block is partly filled at every offset 1..bs, read by the fused kernel,
+    equal dequantize-then-attend: the tails of the four-keys-at-a-time loops."""
+    rng = np.random.default_rng(3)
+    Hkv, H, D = GQA.n_kv_head, GQA.n_head, GQA.head_dim
+    for kind in DTYPES:
+        pool = PagedKVCache(GQA, 40, 8, prefix_caching=False, dtype=kind)
+        lengths = range(1, 18)
+        seqs = [pool.add(b, np.arange(n) % GQA.vocab_size) for b, n in enumerate(lengths)]
+        for seq, n in zip(seqs, lengths):
+            blocks, offsets = seq._slots(0, n)
+            pool.store(0, blocks, offsets, *rng.standard_normal((2, n, Hkv, D)).astype(np.float32))
+        width = max(len(s.block_table) for s in seqs)
+        tables = np.array([s.block_table + [0] * (width - len(s.block_table)) for s in seqs])
+        seq, pos = np.arange(len(seqs)), np.array(lengths) - 1
+        q = rng.standard_normal((len(seqs), H, D)).astype(np.float32)
+        fused = attend_paged(q, pool, 0, tables, seq, pos, 0.125)
+        for r, n in enumerate(lengths):
+            k, v = pool.load(0, seqs[r].block_table, n)
+            expected = attention(q[r][:, None] * np.float32(0.125 * np.sqrt(D)), k, v)[:, 0]
+            np.testing.assert_allclose(fused[r], expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
