@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import lib
-from lib import batch, config, gqa, kernels, kv_cache, lean, memory, model, paged, quant, sampling, speculative, stats, tokenizer
+from lib import batch, config, gqa, kernels, kivi, kv_cache, lean, memory, model, paged, quant, sampling, speculative, stats, tokenizer
 from lib.config import DRAFT, ModelConfig
 from lib.kv_cache import KVCache
 from lib.paged import BlockManager, PagedKVCache, PagedSequence
@@ -43,7 +43,7 @@ FOLDER = tempfile.mkdtemp()  # checkpoints written by the save spec
 model.save(PARAMS, DRAFT, "draft", {}, folder=FOLDER)
 EXAMPLES = settings().max_examples  # per callable: the profile's (conftest.py)
 ALLOWED = (ValueError, TypeError, FileNotFoundError)
-STATEFUL = (np.ndarray, dict, list, KVCache, PagedKVCache, PagedSequence, BlockManager)
+STATEFUL = (np.ndarray, dict, list, KVCache, kivi.KiviCache, PagedKVCache, PagedSequence, BlockManager)
 
 # ----------------------------------------------------------------------------- argument strategies
 # Each strategy draws (value, bad): bad is True when the value must be refused.
@@ -473,6 +473,49 @@ def _(d):
 def _(d):
     cache = fed_cache(d)
     return KVCache.truncate, {"self": d(good(st.just(cache))), "n": d(count(0, cache.n))}
+
+
+def fed_kivi(draw):
+    cache = kivi.KiviCache(DRAFT, 12, draw(st.sampled_from(kivi.BITS)), draw(st.integers(1, 4)))
+    n = draw(st.integers(0, 6))
+    if n:
+        model.forward_cached(PARAMS, DRAFT, np.arange(n) + 1, cache)
+    return cache
+
+
+@spec("kivi.KiviCache", contract=anything)
+def _(d):
+    return kivi.KiviCache, {"cfg": d(cfgs()), "max_len": d(arg(st.integers(1, 512), 0, 513, 1.5, "3")),
+                            "bits": d(arg(st.sampled_from(kivi.BITS), 3, 8, True, None, "2")),
+                            "residual": d(arg(st.integers(1, 64), 0, -1, 1.5, None))}
+
+
+@spec("kivi.KiviCache.write")
+def _(d):
+    cache, T = fed_kivi(d), d(st.integers(1, 5))
+    return kivi.KiviCache.write, {"self": d(good(st.just(cache))), "layer": d(count(0, 0)), "k": d(kv_shaped(cache, T)),
+                                  "v": d(kv_shaped(cache, T))}
+
+
+@spec("kivi.KiviCache.read")
+def _(d):
+    cache = fed_kivi(d)
+    return kivi.KiviCache.read, {"self": d(good(st.just(cache))), "layer": d(count(0, 0)), "end": d(count(1, max(cache.n, 1)))}
+
+
+@spec("kivi.KiviCache.truncate", contract=anything)
+def _(d):
+    cache = fed_kivi(d)
+    return kivi.KiviCache.truncate, {"self": d(good(st.just(cache))), "n": d(count(0, cache.n))}
+
+
+spec("kivi.KiviCache.check_room")(lambda d: (kivi.KiviCache.check_room, {"self": d(good(st.just(fed_kivi(d)))),
+                                                                        "count": d(count(0, top=12))}))
+spec("kivi.KiviCache.advance")(lambda d: (kivi.KiviCache.advance, {"self": d(good(st.just(fed_kivi(d)))),
+                                                                  "count": d(arg(st.nothing(), 1, 0, -1, 1.5, None))}))
+spec("kivi.KiviCache.feed")(lambda d: (kivi.KiviCache.feed, {"self": d(good(st.just(fed_kivi(d)))), "new_tokens": d(tokens()),
+                                                            "step": d(steps())}))
+spec("kivi.KiviCache.copy", contract=anything)(lambda d: (kivi.KiviCache.copy, {"self": d(good(st.just(fed_kivi(d))))}))
 
 
 spec("kv_cache.check_step")(lambda d: (kv_cache.check_step, {"step": d(steps())}))

@@ -1,0 +1,213 @@
+"""KIVI: keys quantized per channel, values per token, the most recent tokens kept in full precision.
+
+KIVI (Liu et al. 2024, "KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache") starts
+from where the two caches' large values lie: a key's outliers sit in a few channels, the same
+channels at every position, while a value's magnitude varies from token to token. So keys are
+quantized per channel, each channel's range taken over a group of tokens, and values per token,
+each token's range taken over its channels. Both are asymmetric (a minimum and a step, not a
+symmetric scale), which matters most at 2 bits, and neither needs calibration.
+
+A channel's range needs a group of tokens, so keys are kept in full precision until `residual`
+of them have arrived; then the group is quantized at once (KIVI's streaming scheme). Values are
+quantized one by one as they leave a window of the last `residual` tokens. So the full-precision
+part is at most `residual` keys and exactly the last `residual` values; everything older is codes
+(`bits` = 2 or 4, packed 8 / bits to a byte) with float16 minima and steps: per group and channel
+for keys, per token for values.
+
+`KiviCache` offers `KVCache`'s interface (write, read, advance, truncate, feed, copy), so
+`lib.model.forward_cached` and `lib.lean.LeanModel` run on it unchanged; reads return float32.
+Truncating into quantized positions (a rejected draft) puts their dequantized values back into
+the full-precision part, so what a read returns never changes.
+"""
+import numpy as np
+
+from .config import ModelConfig, is_int
+from .kv_cache import check_step
+
+BITS = (2, 4)
+
+
+def _pack(codes, bits: int) -> np.ndarray:
+    """Codes (..., D) in 0..2^bits - 1 as bytes (..., D * bits / 8): code i of a byte in bits i*bits.."""
+    per = 8 // bits
+    c = codes.reshape(*codes.shape[:-1], -1, per).astype(np.uint8)  # (..., D/per, per)
+    return np.bitwise_or.reduce(c << (bits * np.arange(per, dtype=np.uint8)), axis=-1)  # (..., D/per)
+
+
+def _unpack(packed, bits: int) -> np.ndarray:
+    """The inverse of _pack: (..., D * bits / 8) bytes -> (..., D) codes."""
+    per = 8 // bits
+    c = (packed[..., None] >> (bits * np.arange(per, dtype=np.uint8))) & np.uint8(2 ** bits - 1)  # (..., D/per, per)
+    return c.reshape(*packed.shape[:-1], packed.shape[-1] * per)
+
+
+def _quantize(x, axis: int, bits: int):
+    """Codes of x over `axis` with a minimum and a step per group (float16, as KIVI keeps them):
+    (codes uint8, lo, step), x ~ lo + step * code. The step is rounded up to a float16, so no
+    code exceeds 2^bits - 1; a constant group gets the smallest normal step and all-zero codes."""
+    lo = x.min(axis=axis, keepdims=True).astype(np.float16)
+    lo32 = lo.astype(np.float32)
+    span = np.maximum(x.max(axis=axis, keepdims=True) - lo32, 0)
+    step = np.maximum(span / (2 ** bits - 1), np.finfo(np.float16).tiny).astype(np.float32)
+    s16 = step.astype(np.float16)
+    s16 = np.where(s16.astype(np.float32) < step, np.nextafter(s16, np.float16(np.inf)), s16)
+    codes = np.clip(np.rint((x - lo32) / s16.astype(np.float32)), 0, 2 ** bits - 1).astype(np.uint8)
+    return codes, lo, s16
+
+
+def _dequantize(codes, lo, step) -> np.ndarray:
+    return lo.astype(np.float32) + step.astype(np.float32) * codes
+
+
+class KiviCache:
+    def __init__(self, cfg: ModelConfig, max_len: int | None = None, bits: int = 2, residual: int = 32):
+        if not isinstance(cfg, ModelConfig):
+            raise TypeError(f"cfg must be a lib.config.ModelConfig, got {type(cfg).__name__}")
+        max_len = cfg.block_size if max_len is None else max_len
+        if not is_int(max_len) or not 1 <= max_len <= cfg.block_size:
+            raise ValueError(f"max_len must be an integer in 1..{cfg.block_size} (block_size), got {max_len!r}")
+        if bits not in BITS or isinstance(bits, bool):
+            raise ValueError(f"KIVI bits must be one of {BITS}, got {bits!r}")
+        if not is_int(residual) or residual < 1:
+            raise ValueError(f"residual (full-precision tokens, also the key group) must be a positive integer, got {residual!r}")
+        if cfg.head_dim % (8 // bits):
+            raise ValueError(f"{bits}-bit codes pack {8 // bits} to a byte: head_dim {cfg.head_dim} must be a multiple")
+        self.cfg, self.max_len, self.bits, self.R, self.n = cfg, int(max_len), int(bits), int(residual), 0
+        Hkv, D, L, R = cfg.n_kv_head, cfg.head_dim, self.max_len, self.R
+        groups = -(-L // R)
+        self.k_codes = [np.zeros((Hkv, groups * R, D * bits // 8), np.uint8) for _ in range(cfg.n_layer)]
+        self.k_lo = [np.zeros((Hkv, groups, 1, D), np.float16) for _ in range(cfg.n_layer)]  # per group and channel
+        self.k_step = [np.zeros((Hkv, groups, 1, D), np.float16) for _ in range(cfg.n_layer)]
+        self.v_codes = [np.zeros((Hkv, L, D * bits // 8), np.uint8) for _ in range(cfg.n_layer)]
+        self.v_lo = [np.zeros((Hkv, L, 1), np.float16) for _ in range(cfg.n_layer)]  # per token
+        self.v_step = [np.zeros((Hkv, L, 1), np.float16) for _ in range(cfg.n_layer)]
+        self.k_res = [np.zeros((Hkv, R, D), np.float32) for _ in range(cfg.n_layer)]  # slot p % R: position p
+        self.v_res = [np.zeros((Hkv, R, D), np.float32) for _ in range(cfg.n_layer)]
+        self.k_before = [np.zeros((Hkv, R, D), np.float32) for _ in range(cfg.n_layer)]  # the parts as a step found them
+        self.v_before = [np.zeros((Hkv, R, D), np.float32) for _ in range(cfg.n_layer)]
+        self.written = [0] * cfg.n_layer
+
+    # where each position lives: keys of complete groups of R, and values outside the last R, are codes
+    def _key_codes_end(self, n: int) -> int:
+        return n // self.R * self.R
+
+    def _value_codes_end(self, n: int) -> int:
+        return max(n - self.R, 0)
+
+    def check_room(self, count: int) -> None:
+        if not is_int(count) or count < 0:
+            raise ValueError(f"count must be a non-negative integer, got {count!r}")
+        if self.n + count > self.max_len:
+            raise ValueError(f"KV cache is full: it holds {self.max_len} positions, {self.n} are used and "
+                             f"{count} more were asked")
+
+    def _check_layer(self, layer) -> None:
+        if not is_int(layer) or not 0 <= layer < self.cfg.n_layer:
+            raise ValueError(f"layer must be an integer in 0..{self.cfg.n_layer - 1}, got {layer!r}")
+
+    def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Store K, V (Hkv, T, D) of T new positions at n..n+T-1: finished key groups and values that
+        leave the window become codes, the rest goes into the full-precision part."""
+        self._check_layer(layer)
+        T = k.shape[1] if getattr(k, "ndim", 0) == 3 else 0
+        expected = (self.cfg.n_kv_head, T, self.cfg.head_dim)
+        if not T or np.shape(k) != expected or np.shape(v) != expected:
+            raise ValueError(f"k and v must be (n_kv_head, T, head_dim) = (Hkv, T, {self.cfg.head_dim}) with "
+                             f"T >= 1, got shapes {np.shape(k)} and {np.shape(v)}")
+        if not (np.isfinite(k).all() and np.isfinite(v).all()):
+            raise ValueError("K/V values must be finite: NaN or inf has no code")
+        self.check_room(T)
+        n, R = self.n, self.R
+        end = n + T
+        if self.written[layer] == n:  # the step's first write here: keep the parts as they were
+            self.k_before[layer][...], self.v_before[layer][...] = self.k_res[layer], self.v_res[layer]
+        else:  # the same positions again (a step rerun, or one that failed): start from where it started
+            self.k_res[layer][...], self.v_res[layer][...] = self.k_before[layer], self.v_before[layer]
+        k_all = np.concatenate([self._exact_keys(layer, n), k], axis=1)  # (Hkv, end - key codes' end, D)
+        first = self._key_codes_end(n)
+        for g0 in range(first, self._key_codes_end(end), R):  # key groups finished by this write
+            codes, lo, step = _quantize(k_all[:, g0 - first:g0 - first + R], 1, self.bits)  # per channel
+            self.k_codes[layer][:, g0:g0 + R] = _pack(codes, self.bits)
+            self.k_lo[layer][:, g0 // R], self.k_step[layer][:, g0 // R] = lo, step
+        rest = np.arange(self._key_codes_end(end), end)
+        self.k_res[layer][:, rest % R] = k_all[:, rest - first]
+        v_all = np.concatenate([self.v_res[layer][:, np.arange(self._value_codes_end(n), n) % R], v], axis=1)
+        v_first = self._value_codes_end(n)
+        leaving = np.arange(v_first, self._value_codes_end(end))  # values that leave the window
+        if len(leaving):
+            codes, lo, step = _quantize(v_all[:, leaving - v_first], 2, self.bits)  # per token
+            self.v_codes[layer][:, leaving] = _pack(codes, self.bits)
+            self.v_lo[layer][:, leaving], self.v_step[layer][:, leaving] = lo, step
+        window = np.arange(self._value_codes_end(end), end)
+        self.v_res[layer][:, window % R] = v_all[:, window - v_first]
+        self.written[layer] = end
+
+    def _exact_keys(self, layer, n):
+        """The full-precision keys of positions key codes' end..n-1, (Hkv, n - that, D)."""
+        return self.k_res[layer][:, np.arange(self._key_codes_end(n), n) % self.R]
+
+    def read(self, layer: int, end: int):
+        """K, V of positions 0..end-1 as float32, each (Hkv, end, D): codes dequantized, the rest as stored."""
+        self._check_layer(layer)
+        if not is_int(end) or not 1 <= end <= self.written[layer]:
+            raise ValueError(f"end must be an integer in 1..{self.written[layer]}: layer {layer} of the KV cache "
+                             f"holds {self.written[layer]} written positions, got {end!r}")
+        n, R, Hkv, D = self.written[layer], self.R, self.cfg.n_kv_head, self.cfg.head_dim
+        kq = self._key_codes_end(n)
+        groups = _unpack(self.k_codes[layer][:, :kq], self.bits).reshape(Hkv, kq // R, R, D)
+        keys = np.concatenate([_dequantize(groups, self.k_lo[layer][:, :kq // R],
+                                                     self.k_step[layer][:, :kq // R]).reshape(Hkv, kq, D),
+                               self._exact_keys(layer, n)], axis=1)
+        vq = self._value_codes_end(n)
+        values = np.concatenate([_dequantize(_unpack(self.v_codes[layer][:, :vq], self.bits),
+                                                       self.v_lo[layer][:, :vq], self.v_step[layer][:, :vq]),
+                                 self.v_res[layer][:, np.arange(vq, n) % R]], axis=1)
+        return keys[:, :end], values[:, :end]
+
+    def advance(self, count: int) -> None:
+        if not is_int(count) or count < 1:
+            raise ValueError(f"count must be a positive integer, got {count!r}")
+        if self.written.count(self.n + count) != len(self.written):
+            raise ValueError(f"cannot advance the KV cache by {count}: every layer must have written positions "
+                             f"{self.n}..{self.n + count - 1} first (written per layer: {self.written})")
+        self.n += int(count)
+
+    def feed(self, new_tokens, step):
+        check_step(step)
+        return step(new_tokens, self)
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n positions. Positions that were codes and are full precision again at n
+        (a key group left unfinished, values back inside the window) get their dequantized values."""
+        if not is_int(n) or not 0 <= n <= self.n:
+            raise ValueError(f"cannot truncate the KV cache to {n!r}: it holds {self.n} positions")
+        R = self.R
+        for layer in range(self.cfg.n_layer):
+            written = self.written[layer]
+            k_back = np.arange(self._key_codes_end(n), min(n, self._key_codes_end(written)))
+            v_back = np.arange(self._value_codes_end(n), min(n, self._value_codes_end(written)))
+            if len(k_back) or len(v_back):
+                keys, values = self.read(layer, written)
+                self.k_res[layer][:, k_back % R] = keys[:, k_back]
+                self.v_res[layer][:, v_back % R] = values[:, v_back]
+        self.n = int(n)
+        self.written = [self.n] * self.cfg.n_layer
+
+    def copy(self) -> "KiviCache":
+        other = KiviCache.__new__(KiviCache)
+        other.__dict__.update(self.__dict__)
+        for name, value in self.__dict__.items():
+            if isinstance(value, list):  # per layer: arrays, or `written`'s counts
+                other.__dict__[name] = [a.copy() if isinstance(a, np.ndarray) else a for a in value]
+        return other
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the codes, their float16 minima and steps, and the full-precision part."""
+        arrays = (self.k_codes, self.k_lo, self.k_step, self.v_codes, self.v_lo, self.v_step, self.k_res, self.v_res)  # not
+        # k_before and v_before: a step's scratch copy of the full-precision part
+        return sum(a.nbytes for group in arrays for a in group)
+
+    def __repr__(self):
+        return (f"KiviCache(n={self.n}, max_len={self.max_len}, {self.bits}-bit, residual={self.R}, "
+                f"nbytes={self.nbytes:,})")
