@@ -5,25 +5,25 @@ PagedAttention (Kwon et al. 2023, vLLM) walks each sequence's block table inside
 no contiguous copy of the cache is gathered. A quantized cache (vLLM's fp8 cache; KIVI, Liu et al.
 2024) can only save time if the kernel also turns codes into numbers in registers, as it reads
 them, instead of dequantizing the cache into a float32 copy first: then a step reads the codes'
-bytes, not four bytes per value. One kernel is compiled per stored form (numba, `fastmath` so
-LLVM can reorder the sums into SIMD lanes), from three parts:
+bytes, not four bytes per value. One kernel (numba, `fastmath` so LLVM can reorder the sums
+into SIMD lanes) reads every stored form; `form` says how codes become numbers, and LLVM moves
+that choice out of the inner loops:
 
 - a decoder from a code to a float32: int8 and float32 convert; an fp8 (e4m3) or float16 code
   becomes a float32 by moving its bit fields into place (its value times a constant power of two,
-  which the slot's scale undoes), a few vectorisable integer operations instead of a table;
+  undone by multiplying the query and the softmax weights, so no product falls into float32's
+  slow subnormal range), a few vectorisable integer operations instead of a table lookup;
   int4 codes are unpacked from nibbles, two channels per byte;
 - four keys' dot products at once, each query value loaded once for four keys, and four values
-  added into the output per pass over it (`_blocks`; `_dot_nibbles` and `_axpy_nibbles` for int4);
+  added into the output per pass over it (`_dot`, `_axpy`; `_dot_nibbles`, `_axpy_nibbles`);
 - a prefetch of the next block's codes while this one is read: the blocks of a sequence lie
   apart in the pool, and without it each block starts with a wait for memory. The softmax's
   exponential is a polynomial (Cephes' expf) that vectorises, where numba's `np.exp` is a call per
   value.
 
-Each kernel is compiled on first use in a process (numba cannot cache a function built from
-others passed in).
+The machine code is cached beside this file, one version per code dtype, so only the first
+process compiles it.
 """
-import functools
-
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
@@ -76,9 +76,20 @@ def _half(c):
     return bits_to_float(np.int32(((b & 0x8000) << 16) | ((b & 0x7FFF) << 13)))
 
 
-# Per stored form: (decoder, what it multiplies values by, how the kernel views the codes)
-FORMS = {"float32": (_number, 1.0, None), "int8": (_number, 1.0, None), "fp8": (_e4m3, 2.0 ** -120, None),
-         "float16": (_half, 2.0 ** -112, np.uint16), "int4": (None, 1.0, None)}
+NUMBER, E4M3, HALF, NIBBLES = range(4)  # how codes become numbers: the `form` the kernel is compiled for
+# Per stored form: (form, what decoding multiplies values by, how the kernel views the codes)
+FORMS = {"float32": (NUMBER, 1.0, None), "int8": (NUMBER, 1.0, None), "fp8": (E4M3, 2.0 ** -120, None),
+         "float16": (HALF, 2.0 ** -112, np.uint16), "int4": (NIBBLES, 1.0, None)}
+
+
+@njit(inline="always")
+def _decode(form, c):
+    """A code as float32, times FORMS' factor (`form` is a compile-time constant: one branch remains)."""
+    if form == E4M3:
+        return _e4m3(c)
+    if form == HALF:
+        return _half(c)
+    return _number(c)
 
 
 @njit(fastmath=True, inline="always")
@@ -117,44 +128,49 @@ def _fetch_next(pool, table, i, head, blocks):
         prefetch(pool, start + offset)
 
 
-def _blocks(decode):
-    """(dot, axpy) over the first n slots of one block and head whose codes `decode` turns into
-    numbers: dot(qh, kb, n, out) puts q . k_j into out[j]; axpy(w, vb, n, acc) adds w_j v_j into
-    acc (kb, vb: (bs, D) codes)."""
-    @njit(inline="always")
-    def dot(qh, kb, n, out):
-        j = 0
-        while j + 4 <= n:  # four keys per pass: each query value loaded once for all four
-            k0, k1, k2, k3 = kb[j], kb[j + 1], kb[j + 2], kb[j + 3]
-            a0 = a1 = a2 = a3 = np.float32(0.0)
-            for d in range(qh.size):
-                x = qh[d]
-                a0 += x * decode(k0[d])
-                a1 += x * decode(k1[d])
-                a2 += x * decode(k2[d])
-                a3 += x * decode(k3[d])
-            out[j], out[j + 1], out[j + 2], out[j + 3] = a0, a1, a2, a3
-            j += 4
-        for t in range(j, n):
-            a, k = np.float32(0.0), kb[t]
-            for d in range(qh.size):
-                a += qh[d] * decode(k[d])
-            out[t] = a
+@njit(inline="always")
+def _dot(form, qh, kb, n, out):
+    """q . k_j into out[j] for the first n slots of one block and head (kb: (bs, W) codes)."""
+    if form == NIBBLES:
+        _dot_nibbles(qh, kb, n, out)
+        return
+    j = 0
+    while j + 4 <= n:  # four keys per pass: each query value loaded once for all four
+        k0, k1, k2, k3 = kb[j], kb[j + 1], kb[j + 2], kb[j + 3]
+        a0 = a1 = a2 = a3 = np.float32(0.0)
+        for d in range(qh.size):
+            x = qh[d]
+            a0 += x * _decode(form, k0[d])
+            a1 += x * _decode(form, k1[d])
+            a2 += x * _decode(form, k2[d])
+            a3 += x * _decode(form, k3[d])
+        out[j], out[j + 1], out[j + 2], out[j + 3] = a0, a1, a2, a3
+        j += 4
+    for t in range(j, n):
+        a, k = np.float32(0.0), kb[t]
+        for d in range(qh.size):
+            a += qh[d] * _decode(form, k[d])
+        out[t] = a
 
-    @njit(inline="always")
-    def axpy(w, vb, n, acc):
-        j = 0
-        while j + 4 <= n:  # four values per pass over acc
-            v0, v1, v2, v3 = vb[j], vb[j + 1], vb[j + 2], vb[j + 3]
-            w0, w1, w2, w3 = w[j], w[j + 1], w[j + 2], w[j + 3]
-            for d in range(acc.size):
-                acc[d] += w0 * decode(v0[d]) + w1 * decode(v1[d]) + w2 * decode(v2[d]) + w3 * decode(v3[d])
-            j += 4
-        for t in range(j, n):
-            wt, v = w[t], vb[t]
-            for d in range(acc.size):
-                acc[d] += wt * decode(v[d])
-    return dot, axpy
+
+@njit(inline="always")
+def _axpy(form, w, vb, n, acc):
+    """acc += w_j v_j over the first n slots of one block and head (vb: (bs, W) codes)."""
+    if form == NIBBLES:
+        _axpy_nibbles(w, vb, n, acc)
+        return
+    j = 0
+    while j + 4 <= n:  # four values per pass over acc
+        v0, v1, v2, v3 = vb[j], vb[j + 1], vb[j + 2], vb[j + 3]
+        w0, w1, w2, w3 = w[j], w[j + 1], w[j + 2], w[j + 3]
+        for d in range(acc.size):
+            acc[d] += (w0 * _decode(form, v0[d]) + w1 * _decode(form, v1[d]) + w2 * _decode(form, v2[d])
+                       + w3 * _decode(form, v3[d]))
+        j += 4
+    for t in range(j, n):
+        wt, v = w[t], vb[t]
+        for d in range(acc.size):
+            acc[d] += wt * _decode(form, v[d])
 
 
 @njit(inline="always")
@@ -218,70 +234,63 @@ def _axpy_nibbles(w, vb, n, acc):
         acc[d] -= offset
 
 
-@functools.cache
-def kernel(kind: str):
-    """The compiled paged attention for pools of `kind` (a name of lib.kv_cache.DTYPES)."""
-    decode, _, _ = FORMS[kind]
-    dot, axpy = (_dot_nibbles, _axpy_nibbles) if decode is None else _blocks(decode)
-    split = decode is None  # int4: query and output channels even first, then odd, as the nibbles lie
+@njit(fastmath=True, nogil=True, cache=True)
+def paged_attention(form, q, k_pool, v_pool, k_scale, v_scale, unit, tables, seq, pos, scale, out):
+    """Row r, of sequence seq[r] at position pos[r], attends to keys 0..pos[r] through the
+    block table tables[seq[r]]; query head h reads K/V head h // G.
 
-    @njit(fastmath=True, nogil=True)
-    def paged_attention(q, k_pool, v_pool, k_scale, v_scale, unit, tables, seq, pos, scale, out):
-        """Row r, of sequence seq[r] at position pos[r], attends to keys 0..pos[r] through the
-        block table tables[seq[r]]; query head h reads K/V head h // G.
-
-        q, out: (R, H, D); k_pool, v_pool: (blocks, Hkv, bs, W) codes, W = D or D/2;
-        k_scale, v_scale: (blocks, Hkv, bs) or (1, Hkv or 1, 1); tables: (B, width); seq, pos: (R,)"""
-        R, H, D = q.shape
-        Hkv, bs = k_pool.shape[1], k_pool.shape[2]
-        G, half = H // Hkv, D // 2
-        scores = np.empty((H, tables.shape[1] * bs), np.float32)  # (H, S) then weights
-        qs, acc = np.empty((H, D), np.float32), np.empty((H, D), np.float32)
-        w, total = np.empty(bs, np.float32), np.empty(H, np.float32)
-        for r in range(R):
-            table, S = tables[seq[r]], pos[r] + 1
-            blocks = (S + bs - 1) // bs
-            for h in range(H):
-                for d in range(D):  # int4: even channels first, then odd, as the nibbles lie
-                    qs[h, d // 2 + (d % 2) * half if split else d] = q[r, h, d] * scale * unit
-            for i in range(blocks):  # scores: q . k_j times the slot's scale
-                block, n = table[i], min(bs, S - i * bs)
-                for g in range(Hkv):
-                    _fetch_next(k_pool, table, i, g, blocks)
-                    for h in range(g * G, g * G + G):
-                        sc = scores[h, i * bs:i * bs + n]
-                        dot(qs[h], k_pool[block, g], n, sc)
-                        for j in range(n):
-                            sc[j] *= _scale_at(k_scale, block, g, j)
-            for h in range(H):  # softmax, row by row (normalised at the end)
-                top = scores[h, :S].max()
-                t = np.float32(0.0)
-                for s in range(S):
-                    scores[h, s] = exp_nonpositive(scores[h, s] - top)
-                    t += scores[h, s]
-                total[h] = t
-            acc[:] = 0.0
-            for i in range(blocks):  # the weighted sum of values
-                block, n = table[i], min(bs, S - i * bs)
-                for g in range(Hkv):
-                    _fetch_next(v_pool, table, i, g, blocks)
-                    for h in range(g * G, g * G + G):
-                        for j in range(n):
-                            w[j] = scores[h, i * bs + j] * _scale_at(v_scale, block, g, j) * unit
-                        axpy(w, v_pool[block, g], n, acc[h])
-            for h in range(H):
-                for d in range(D):
-                    out[r, h, d] = acc[h, d // 2 + (d % 2) * half if split else d] / total[h]
-    return paged_attention
+    q, out: (R, H, D); k_pool, v_pool: (blocks, Hkv, bs, W) codes, W = D or D/2;
+    k_scale, v_scale: (blocks, Hkv, bs) or (1, Hkv or 1, 1); tables: (B, width); seq, pos: (R,)"""
+    split = form == NIBBLES  # int4: query and output channels even first, then odd, as the nibbles lie
+    R, H, D = q.shape
+    Hkv, bs = k_pool.shape[1], k_pool.shape[2]
+    G, half = H // Hkv, D // 2
+    scores = np.empty((H, tables.shape[1] * bs), np.float32)  # (H, S) then weights
+    qs, acc = np.empty((H, D), np.float32), np.empty((H, D), np.float32)
+    w, total = np.empty(bs, np.float32), np.empty(H, np.float32)
+    for r in range(R):
+        table, S = tables[seq[r]], pos[r] + 1
+        blocks = (S + bs - 1) // bs
+        for h in range(H):
+            for d in range(D):  # int4: even channels first, then odd, as the nibbles lie
+                qs[h, d // 2 + (d % 2) * half if split else d] = q[r, h, d] * scale * unit
+        for i in range(blocks):  # scores: q . k_j times the slot's scale
+            block, n = table[i], min(bs, S - i * bs)
+            for g in range(Hkv):
+                _fetch_next(k_pool, table, i, g, blocks)
+                for h in range(g * G, g * G + G):
+                    sc = scores[h, i * bs:i * bs + n]
+                    _dot(form, qs[h], k_pool[block, g], n, sc)
+                    for j in range(n):
+                        sc[j] *= _scale_at(k_scale, block, g, j)
+        for h in range(H):  # softmax, row by row (normalised at the end)
+            top = scores[h, :S].max()
+            t = np.float32(0.0)
+            for s in range(S):
+                scores[h, s] = exp_nonpositive(scores[h, s] - top)
+                t += scores[h, s]
+            total[h] = t
+        acc[:] = 0.0
+        for i in range(blocks):  # the weighted sum of values
+            block, n = table[i], min(bs, S - i * bs)
+            for g in range(Hkv):
+                _fetch_next(v_pool, table, i, g, blocks)
+                for h in range(g * G, g * G + G):
+                    for j in range(n):
+                        w[j] = scores[h, i * bs + j] * _scale_at(v_scale, block, g, j) * unit
+                    _axpy(form, w, v_pool[block, g], n, acc[h])
+        for h in range(H):
+            for d in range(D):
+                out[r, h, d] = acc[h, d // 2 + (d % 2) * half if split else d] / total[h]
 
 
 def attend_paged(q, pool, layer, tables, seq, pos, scale):
     """paged attention over one layer of `pool` (a lib.paged.PagedKVCache of any dtype): q (R, H, D) -> (R, H, D)."""
-    _, unit, view = FORMS[pool.kind]
+    form, unit, view = FORMS[pool.kind]
     k, v = (a if view is None else a.view(view) for a in (pool.k[layer], pool.v[layer]))
     out = np.empty(q.shape, np.float32)  # (R, H, D)
-    kernel(pool.kind)(np.ascontiguousarray(q), k, v, pool.k_scale[layer], pool.v_scale[layer], np.float32(1 / unit),
-                      tables, seq, pos, np.float32(scale), out)
+    paged_attention(form, np.ascontiguousarray(q), k, v, pool.k_scale[layer], pool.v_scale[layer], np.float32(1 / unit),
+                    tables, seq, pos, np.float32(scale), out)
     return out
 
 

@@ -902,7 +902,7 @@ EXEMPT = {
     "blocks.Reservation": RECORD,
     "blocks.chain_hash": "the block manager's hash of token ids its callers checked",
     "batch.masked_attention": "compiled kernel behind BatchedModel.step, which checks its inputs",
-    "paged_kernel.kernel": "compiles the kernel behind BatchedModel.step, which checks its inputs",
+    "paged_kernel.paged_attention": "the compiled kernel behind BatchedModel.step, which checks its inputs",
     "paged_kernel.attend_paged": "the compiled kernel's caller inside BatchedModel.step, which checks its inputs; "
                                  "tests/test_quant_attention.py",
     "paged_kernel.prefetch": "a compiled intrinsic, callable only inside compiled code",
