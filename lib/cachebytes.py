@@ -76,18 +76,20 @@ def stepper(model, seqs):
     return step
 
 
-def kernel_seconds_per_value(cfg, dtype: str, batch: int = 4, context: int = 511) -> float:
-    """Seconds the paged kernel spends per cached K or V value it reads, over one layer of `batch`
-    sequences of `context` positions (larger than the L2 cache, so it streams): the kernel's own
-    rate, bytes and arithmetic together (`context` capped at the model's)."""
+def kernel_seconds_per_value(cfg, dtypes=DTYPES, batch: int = 4, context: int = 511) -> dict:
+    """{dtype: seconds the paged kernel spends per cached K or V value it reads}, over one layer of
+    `batch` sequences of `context` positions (larger than the L2 cache, so it streams): the
+    kernel's own rate, bytes and arithmetic together (`context` capped at the model's)."""
     context = min(context, cfg.block_size - 1)
-    pool, seqs = filled_pool(cfg, dtype, batch, context)
-    width = max(len(s.block_table) for s in seqs)
-    tables = np.array([s.block_table + [0] * (width - len(s.block_table)) for s in seqs])  # (B, width)
-    q = np.random.default_rng(1).standard_normal((batch, cfg.n_head, cfg.head_dim)).astype(np.float32)  # (R, H, D)
-    rows, pos = np.arange(batch), np.full(batch, context - 1)
-    run = lambda: attend_paged(q, pool, 0, tables, rows, pos, 1.0)
-    return median_time(run, repeats=7, min_seconds=0.05) / (2 * cfg.n_head * batch * context * cfg.head_dim)
+    rates = {}
+    for dtype, (pool, seqs) in filled_pools(cfg, dtypes, batch, context).items():
+        width = max(len(s.block_table) for s in seqs)
+        tables = np.array([s.block_table + [0] * (width - len(s.block_table)) for s in seqs])  # (B, width)
+        q = np.random.default_rng(1).standard_normal((batch, cfg.n_head, cfg.head_dim)).astype(np.float32)  # (R, H, D)
+        rows, pos = np.arange(batch), np.full(batch, context - 1)
+        run = lambda: attend_paged(q, pool, 0, tables, rows, pos, 1.0)
+        rates[dtype] = median_time(run, repeats=7, min_seconds=0.05) / (2 * cfg.n_head * batch * context * cfg.head_dim)
+    return rates
 
 
 def cache_bytes(pool, batch: int, context: int) -> int:
@@ -119,7 +121,7 @@ def sweep(machine, model, params, points, dtypes=DTYPES, rounds: int = 5) -> dic
     every point and storage form, each predicted before it is timed. At each point the forms'
     steps are timed in turn, `rounds` times, so a drift of the machine's speed reaches them all;
     `ratios` are each round's time over the first form's (float32) in the same round."""
-    rates = {dtype: kernel_seconds_per_value(model.cfg, dtype) for dtype in dtypes}
+    rates = kernel_seconds_per_value(model.cfg, dtypes)
     rows = {}
     for batch, context in points:
         other = predict_other_work(machine, model, params, batch)
