@@ -14,6 +14,12 @@ part is at most `residual` keys and exactly the last `residual` values; everythi
 (`bits` = 2 or 4, packed 8 / bits to a byte) with float16 minima and steps: per group and channel
 for keys, per token for values.
 
+As in KIVI, a step attends to its own new tokens in full precision and quantizes afterwards: a
+prefill's attention is exact, and a decoding token sees its own key before its group is
+quantized. So a step's `write` only holds its new K and V (the step's own arrays), its reads
+return them as they are, and `advance` (the end of the step) stores them: finished key groups
+and values that leave the window become codes.
+
 `KiviCache` offers `KVCache`'s interface (write, read, advance, truncate, feed, copy), so
 `lib.model.forward_cached` and `lib.lean.LeanModel` run on it unchanged; reads return float32.
 Truncating into quantized positions (a rejected draft) puts their dequantized values back into
@@ -83,8 +89,8 @@ class KiviCache:
         self.v_step = [np.zeros((Hkv, L, 1), np.float16) for _ in range(cfg.n_layer)]
         self.k_res = [np.zeros((Hkv, R, D), np.float32) for _ in range(cfg.n_layer)]  # slot p % R: position p
         self.v_res = [np.zeros((Hkv, R, D), np.float32) for _ in range(cfg.n_layer)]
-        self.k_before = [np.zeros((Hkv, R, D), np.float32) for _ in range(cfg.n_layer)]  # the parts as a step found them
-        self.v_before = [np.zeros((Hkv, R, D), np.float32) for _ in range(cfg.n_layer)]
+        self.new_k = [None] * cfg.n_layer  # per layer: this step's K and V (Hkv, T, D), stored at `advance`
+        self.new_v = [None] * cfg.n_layer
         self.written = [0] * cfg.n_layer
 
     # where each position lives: keys of complete groups of R, and values outside the last R, are codes
@@ -106,8 +112,8 @@ class KiviCache:
             raise ValueError(f"layer must be an integer in 0..{self.cfg.n_layer - 1}, got {layer!r}")
 
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
-        """Store K, V (Hkv, T, D) of T new positions at n..n+T-1: finished key groups and values that
-        leave the window become codes, the rest goes into the full-precision part."""
+        """Hold K, V (Hkv, T, D) of T new positions at n..n+T-1 for this step: reads return them
+        as they are, and `advance` stores them."""
         self._check_layer(layer)
         T = k.shape[1] if getattr(k, "ndim", 0) == 3 else 0
         expected = (self.cfg.n_kv_head, T, self.cfg.head_dim)
@@ -117,22 +123,25 @@ class KiviCache:
         if not (np.isfinite(k).all() and np.isfinite(v).all()):
             raise ValueError("K/V values must be finite: NaN or inf has no code")
         self.check_room(T)
+        self.new_k[layer], self.new_v[layer] = np.array(k, np.float32), np.array(v, np.float32)
+        self.written[layer] = self.n + T
+
+    def _store(self, layer: int) -> None:
+        """Store this step's K and V of one layer: finished key groups and values that leave the
+        window become codes, the rest goes into the full-precision part."""
+        k, v = self.new_k[layer], self.new_v[layer]
         n, R = self.n, self.R
-        end = n + T
-        if self.written[layer] == n:  # the step's first write here: keep the parts as they were
-            self.k_before[layer][...], self.v_before[layer][...] = self.k_res[layer], self.v_res[layer]
-        else:  # the same positions again (a step rerun, or one that failed): start from where it started
-            self.k_res[layer][...], self.v_res[layer][...] = self.k_before[layer], self.v_before[layer]
+        end = n + k.shape[1]
         k_all = np.concatenate([self._exact_keys(layer, n), k], axis=1)  # (Hkv, end - key codes' end, D)
         first = self._key_codes_end(n)
-        for g0 in range(first, self._key_codes_end(end), R):  # key groups finished by this write
+        for g0 in range(first, self._key_codes_end(end), R):  # key groups finished by this step
             codes, lo, step = _quantize(k_all[:, g0 - first:g0 - first + R], 1, self.bits)  # per channel
             self.k_codes[layer][:, g0:g0 + R] = _pack(codes, self.bits)
             self.k_lo[layer][:, g0 // R], self.k_step[layer][:, g0 // R] = lo, step
         rest = np.arange(self._key_codes_end(end), end)
         self.k_res[layer][:, rest % R] = k_all[:, rest - first]
-        v_all = np.concatenate([self.v_res[layer][:, np.arange(self._value_codes_end(n), n) % R], v], axis=1)
         v_first = self._value_codes_end(n)
+        v_all = np.concatenate([self.v_res[layer][:, np.arange(v_first, n) % R], v], axis=1)
         leaving = np.arange(v_first, self._value_codes_end(end))  # values that leave the window
         if len(leaving):
             codes, lo, step = _quantize(v_all[:, leaving - v_first], 2, self.bits)  # per token
@@ -140,7 +149,7 @@ class KiviCache:
             self.v_lo[layer][:, leaving], self.v_step[layer][:, leaving] = lo, step
         window = np.arange(self._value_codes_end(end), end)
         self.v_res[layer][:, window % R] = v_all[:, window - v_first]
-        self.written[layer] = end
+        self.new_k[layer] = self.new_v[layer] = None
 
     def _exact_keys(self, layer, n):
         """The full-precision keys of positions key codes' end..n-1, (Hkv, n - that, D)."""
@@ -152,16 +161,19 @@ class KiviCache:
         if not is_int(end) or not 1 <= end <= self.written[layer]:
             raise ValueError(f"end must be an integer in 1..{self.written[layer]}: layer {layer} of the KV cache "
                              f"holds {self.written[layer]} written positions, got {end!r}")
-        n, R, Hkv, D = self.written[layer], self.R, self.cfg.n_kv_head, self.cfg.head_dim
+        n, R, Hkv, D = self.n, self.R, self.cfg.n_kv_head, self.cfg.head_dim
         kq = self._key_codes_end(n)
         groups = _unpack(self.k_codes[layer][:, :kq], self.bits).reshape(Hkv, kq // R, R, D)
         keys = np.concatenate([_dequantize(groups, self.k_lo[layer][:, :kq // R],
-                                                     self.k_step[layer][:, :kq // R]).reshape(Hkv, kq, D),
+                                           self.k_step[layer][:, :kq // R]).reshape(Hkv, kq, D),
                                self._exact_keys(layer, n)], axis=1)
         vq = self._value_codes_end(n)
         values = np.concatenate([_dequantize(_unpack(self.v_codes[layer][:, :vq], self.bits),
-                                                       self.v_lo[layer][:, :vq], self.v_step[layer][:, :vq]),
+                                             self.v_lo[layer][:, :vq], self.v_step[layer][:, :vq]),
                                  self.v_res[layer][:, np.arange(vq, n) % R]], axis=1)
+        if self.written[layer] > n:  # this step's own positions, as they came
+            keys = np.concatenate([keys, self.new_k[layer]], axis=1)
+            values = np.concatenate([values, self.new_v[layer]], axis=1)
         return keys[:, :end], values[:, :end]
 
     def advance(self, count: int) -> None:
@@ -170,6 +182,8 @@ class KiviCache:
         if self.written.count(self.n + count) != len(self.written):
             raise ValueError(f"cannot advance the KV cache by {count}: every layer must have written positions "
                              f"{self.n}..{self.n + count - 1} first (written per layer: {self.written})")
+        for layer in range(self.cfg.n_layer):
+            self._store(layer)
         self.n += int(count)
 
     def feed(self, new_tokens, step):
@@ -181,13 +195,14 @@ class KiviCache:
         (a key group left unfinished, values back inside the window) get their dequantized values."""
         if not is_int(n) or not 0 <= n <= self.n:
             raise ValueError(f"cannot truncate the KV cache to {n!r}: it holds {self.n} positions")
-        R = self.R
+        R, held = self.R, self.n
+        self.written = [held] * self.cfg.n_layer  # a step's unstored positions are dropped
+        self.new_k, self.new_v = [None] * self.cfg.n_layer, [None] * self.cfg.n_layer
         for layer in range(self.cfg.n_layer):
-            written = self.written[layer]
-            k_back = np.arange(self._key_codes_end(n), min(n, self._key_codes_end(written)))
-            v_back = np.arange(self._value_codes_end(n), min(n, self._value_codes_end(written)))
-            if len(k_back) or len(v_back):
-                keys, values = self.read(layer, written)
+            k_back = np.arange(self._key_codes_end(n), min(n, self._key_codes_end(held)))
+            v_back = np.arange(self._value_codes_end(n), min(n, self._value_codes_end(held)))
+            if held and (len(k_back) or len(v_back)):
+                keys, values = self.read(layer, held)
                 self.k_res[layer][:, k_back % R] = keys[:, k_back]
                 self.v_res[layer][:, v_back % R] = values[:, v_back]
         self.n = int(n)
@@ -197,7 +212,7 @@ class KiviCache:
         other = KiviCache.__new__(KiviCache)
         other.__dict__.update(self.__dict__)
         for name, value in self.__dict__.items():
-            if isinstance(value, list):  # per layer: arrays, or `written`'s counts
+            if isinstance(value, list):  # per layer: arrays (or None), or `written`'s counts
                 other.__dict__[name] = [a.copy() if isinstance(a, np.ndarray) else a for a in value]
         return other
 
@@ -205,7 +220,7 @@ class KiviCache:
     def nbytes(self) -> int:
         """Bytes of the codes, their float16 minima and steps, and the full-precision part."""
         arrays = (self.k_codes, self.k_lo, self.k_step, self.v_codes, self.v_lo, self.v_step, self.k_res, self.v_res)  # not
-        # k_before and v_before: a step's scratch copy of the full-precision part
+        # new_k and new_v: a step's own K and V, held while it runs
         return sum(a.nbytes for group in arrays for a in group)
 
     def __repr__(self):

@@ -11,8 +11,11 @@ that choice out of the inner loops:
 
 - a decoder from a code to a float32: int8 and float32 convert; an fp8 (e4m3) or float16 code
   becomes a float32 by moving its bit fields into place (its value times a constant power of two,
-  undone by multiplying the query and the softmax weights, so no product falls into float32's
-  slow subnormal range), a few vectorisable integer operations instead of a table lookup;
+  undone by multiplying the softmax weights, and for keys half before and half after the
+  products, so that no product falls into float32's slow subnormal range and no scaled query
+  overflows), a few vectorisable integer operations instead of a table lookup. Subnormal codes
+  still decode to subnormal float32 operands (slow without flush-to-zero), and the NaN codes,
+  which the store never writes, are not checked here;
   int4 codes are unpacked from nibbles, two channels per byte;
 - four keys' dot products at once, each query value loaded once for four keys, and four values
   added into the output per pass over it (`_dot`, `_axpy`; `_dot_nibbles`, `_axpy_nibbles`);
@@ -242,6 +245,7 @@ def paged_attention(form, q, k_pool, v_pool, k_scale, v_scale, unit, tables, seq
     q, out: (R, H, D); k_pool, v_pool: (blocks, Hkv, bs, W) codes, W = D or D/2;
     k_scale, v_scale: (blocks, Hkv, bs) or (1, Hkv or 1, 1); tables: (B, width); seq, pos: (R,)"""
     split = form == NIBBLES  # int4: query and output channels even first, then odd, as the nibbles lie
+    root = np.float32(np.sqrt(unit))  # keys: half of the decoding's factor before the products, half after
     R, H, D = q.shape
     Hkv, bs = k_pool.shape[1], k_pool.shape[2]
     G, half = H // Hkv, D // 2
@@ -253,7 +257,7 @@ def paged_attention(form, q, k_pool, v_pool, k_scale, v_scale, unit, tables, seq
         blocks = (S + bs - 1) // bs
         for h in range(H):
             for d in range(D):  # int4: even channels first, then odd, as the nibbles lie
-                qs[h, d // 2 + (d % 2) * half if split else d] = q[r, h, d] * scale * unit
+                qs[h, d // 2 + (d % 2) * half if split else d] = q[r, h, d] * scale * root
         for i in range(blocks):  # scores: q . k_j times the slot's scale
             block, n = table[i], min(bs, S - i * bs)
             for g in range(Hkv):
@@ -262,7 +266,7 @@ def paged_attention(form, q, k_pool, v_pool, k_scale, v_scale, unit, tables, seq
                     sc = scores[h, i * bs:i * bs + n]
                     _dot(form, qs[h], k_pool[block, g], n, sc)
                     for j in range(n):
-                        sc[j] *= _scale_at(k_scale, block, g, j)
+                        sc[j] *= _scale_at(k_scale, block, g, j) * root
         for h in range(H):  # softmax, row by row (normalised at the end)
             top = scores[h, :S].max()
             t = np.float32(0.0)

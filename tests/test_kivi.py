@@ -71,6 +71,20 @@ def test_inside_the_window_the_logits_equal_the_float32_caches(bits):
     np.testing.assert_array_equal(ours, reference)
 
 
+@pytest.mark.parametrize("bits", kivi.BITS)
+def test_a_step_attends_to_its_own_tokens_in_full_precision(bits):
+    """KIVI's order: a step's attention sees its new K and V as computed, and only then are they
+    quantized. So a prefill of any length is exact, and the next step reads the codes."""
+    tokens = np.arange(50) % GQA.vocab_size
+    cache = kivi.KiviCache(GQA, 64, bits, residual=8)
+    np.testing.assert_array_equal(forward_cached(PARAMS, GQA, tokens[:49], cache),
+                                  forward_cached(PARAMS, GQA, tokens[:49], KVCache(GQA, 64)))
+    exact = KVCache(GQA, 64)
+    forward_cached(PARAMS, GQA, tokens[:49], exact)
+    assert not np.array_equal(forward_cached(PARAMS, GQA, tokens[49:], cache),
+                              forward_cached(PARAMS, GQA, tokens[49:], exact))  # positions 0..39 are codes now
+
+
 def test_the_lean_path_and_the_plain_path_agree_on_a_kivi_cache():
     tokens = np.arange(50) % GQA.vocab_size
     plain, lean = kivi.KiviCache(GQA, 64, 4, 8), kivi.KiviCache(GQA, 64, 4, 8)
