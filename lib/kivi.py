@@ -28,7 +28,7 @@ the full-precision part, so what a read returns never changes.
 import numpy as np
 
 from .config import ModelConfig, is_int
-from .kv_cache import check_step
+from .kv_cache import KVCache
 
 BITS = (2, 4)
 
@@ -100,16 +100,9 @@ class KiviCache:
     def _value_codes_end(self, n: int) -> int:
         return max(n - self.R, 0)
 
-    def check_room(self, count: int) -> None:
-        if not is_int(count) or count < 0:
-            raise ValueError(f"count must be a non-negative integer, got {count!r}")
-        if self.n + count > self.max_len:
-            raise ValueError(f"KV cache is full: it holds {self.max_len} positions, {self.n} are used and "
-                             f"{count} more were asked")
-
-    def _check_layer(self, layer) -> None:
-        if not is_int(layer) or not 0 <= layer < self.cfg.n_layer:
-            raise ValueError(f"layer must be an integer in 0..{self.cfg.n_layer - 1}, got {layer!r}")
+    # the same checks and the same `feed` as KVCache's: they read only cfg, n, max_len and written
+    check_room, _check_layer, _check_advance, feed = (KVCache.check_room, KVCache._check_layer,
+                                                      KVCache._check_advance, KVCache.feed)
 
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         """Hold K, V (Hkv, T, D) of T new positions at n..n+T-1 for this step: reads return them
@@ -177,18 +170,11 @@ class KiviCache:
         return keys[:, :end], values[:, :end]
 
     def advance(self, count: int) -> None:
-        if not is_int(count) or count < 1:
-            raise ValueError(f"count must be a positive integer, got {count!r}")
-        if self.written.count(self.n + count) != len(self.written):
-            raise ValueError(f"cannot advance the KV cache by {count}: every layer must have written positions "
-                             f"{self.n}..{self.n + count - 1} first (written per layer: {self.written})")
+        """End the step: store every layer's new K and V, and count them as cached."""
+        self._check_advance(count)
         for layer in range(self.cfg.n_layer):
             self._store(layer)
         self.n += int(count)
-
-    def feed(self, new_tokens, step):
-        check_step(step)
-        return step(new_tokens, self)
 
     def truncate(self, n: int) -> None:
         """Keep the first n positions. Positions that were codes and are full precision again at n

@@ -141,13 +141,17 @@ class KVCache:
             return k.astype(np.float32), v.astype(np.float32)
         return k, v
 
-    def advance(self, count: int) -> None:
-        """Count the `count` positions just written in every layer as cached."""
+    def _check_advance(self, count) -> None:
+        """Raise unless every layer has written the `count` positions after n."""
         if not is_int(count) or count < 1:
             raise ValueError(f"count must be a positive integer, got {count!r}")
         if self.written.count(self.n + count) != len(self.written):
             raise ValueError(f"cannot advance the KV cache by {count}: every layer must have written positions "
                              f"{self.n}..{self.n + count - 1} first (written per layer: {self.written})")
+
+    def advance(self, count: int) -> None:
+        """Count the `count` positions just written in every layer as cached."""
+        self._check_advance(count)
         self.n += int(count)
 
     def feed(self, new_tokens, step):
