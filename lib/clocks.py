@@ -4,13 +4,13 @@ A scheduler's schedule depends on how long its steps take. `serve` can time each
 runs (the measured clock); it can also ask a clock what a step costs, given its rows as
 (sequence, new tokens, cached positions before the step). Two clocks are here:
 
-- `StepCost`, fitted to steps timed now: the step of one sequence fed n tokens, interpolated
+- `FittedClock`, fitted to steps timed now: the step of one sequence fed n tokens, interpolated
   between measured n, plus a cost per further sequence. On it the same trace gives the same
   schedule in every run, so two policies compare the same way whatever else the machine does.
-- `Shadow`, measured: every step the served model runs is run again, with the same rows at the
+- `StandInClock`, measured: every step the served model runs is run again, with the same rows at the
   same cache lengths, on another model (a cost stand-in of realistic size, `lib.standins`),
   and timed. The served model still makes every decision (its tokens), as in
-  `lib.standins.CostShadow`; the times are those of the larger model.
+  `lib.standins.StandInStep`; the times are those of the larger model.
 
 Decode of B sequences costs t(B) = t1(B) + (B - 1) x per_seq: one weight read shared by all rows
 (Pope et al. 2022, "Efficiently Scaling Transformer Inference"), B times the arithmetic, and each
@@ -40,8 +40,8 @@ def check_rows(rows) -> list:
 
 
 @dataclass(frozen=True)
-class StepCost:
-    """A step's seconds: one sequence's step of all the step's tokens (linear between the measured
+class FittedClock:
+    """The stand-in device's clock fitted to steps timed on it (`fit_clock`): one sequence's step of all the step's tokens (linear between the measured
     token counts, and past the last two) plus per_seq for each further sequence."""
     tokens: tuple  # token counts measured for one sequence, increasing from 1
     seconds: tuple  # their step times
@@ -72,9 +72,9 @@ class StepCost:
         """Nothing to release: a fitted cost keeps no state."""
 
 
-def fit_step_cost(model, positions, sizes=(1, 2, 4, 8, 16, 32), chunks=(2, 4, 8, 16, 32, 64, 128, 256),
-                  repeats: int = 5) -> StepCost:
-    """Fit `StepCost` to median times measured now (one BLAS thread is the caller's choice): one
+def fit_clock(model, positions, sizes=(1, 2, 4, 8, 16, 32), chunks=(2, 4, 8, 16, 32, 64, 128, 256),
+                  repeats: int = 5) -> FittedClock:
+    """Fit `FittedClock` to median times measured now (one BLAS thread is the caller's choice): one
     sequence at positions[0] fed n tokens for n in (1,) + chunks, and decode steps of B sequences
     at positions[:B]; per_seq is the least-squares slope of t(B) - t1(B) against B - 1. A count
     measured faster than a smaller one (noise) takes the smaller one's time."""
@@ -90,12 +90,13 @@ def fit_step_cost(model, positions, sizes=(1, 2, 4, 8, 16, 32), chunks=(2, 4, 8,
     per_seq = float(extra @ others / (others @ others)) if len(many) else 0.0
     measured = tuple((B, one[1] if B == 1 else many[B]) for B in sizes)
     seconds = np.maximum.accumulate([one[n] for n in counts])  # more rows never cost less (noise aside)
-    return StepCost(tuple(counts), tuple(float(t) for t in seconds), max(per_seq, 0.0), measured)
+    return FittedClock(tuple(counts), tuple(float(t) for t in seconds), max(per_seq, 0.0), measured)
 
 
-class Shadow:
-    """A measured clock: each step is run on `model` (e.g. a stand-in) with the same rows at the same
-    cache lengths, and timed. Its own pool holds num_blocks blocks of block_size positions; the
+class StandInClock:
+    """The stand-in device for a batch, as a measured clock: each step is run on `model` (a stand-in)
+    with the same rows at the same cache lengths, and timed (`lib.standins.StandInStep` is the same
+    device for one sequence; `FittedClock` is its clock fitted to a few measured steps). Its own pool holds num_blocks blocks of block_size positions; the
     K/V values it attends over are placeholders, which costs the same as real ones."""
 
     def __init__(self, model, num_blocks: int = 256, block_size: int = 16):

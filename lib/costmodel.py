@@ -15,9 +15,12 @@ by the larger of reading and computing:
   of the level that holds them;
 - any other call (a copy, a concatenation): its bytes at that bandwidth.
 
-`calibrate()` measures the constants once, single-threaded, in about ten seconds: the fixed
+`calibrate()` returns this machine's card: the constants, measured once (`measure()`,
+single-threaded, about ten seconds) and kept on disk, keyed by the CPU, numpy, its BLAS and the
+probes' code, so every chapter quotes one machine. The constants: the fixed
 cost of a call (alone, and inside each engine path), read bandwidth by working-set size (32 KiB
-to 1 GiB, with the cache sizes the system reports), the FLOP/s of a weight product by row count
+to 1 GiB, with the cache sizes the system reports, probed with the product a decode step runs:
+one row through (K, N) weights in the engine's layout), the FLOP/s of a weight product by row count
 and weight size with each product the engine can choose (numpy's, a batch of one-row products,
 the small-rows kernel of `lib.kernels`), and the cost per element of each elementwise function.
 One set of constants serves every prediction of a run: nothing is tuned per point.
@@ -27,19 +30,25 @@ configuration from `lib.memory`: t = max((weights + B x L x K/V bytes per token)
 2 N B / FLOP/s), as the inference chapter of the JAX scaling book (Austin et al. 2025) does on
 paper.
 """
+import hashlib
+import json
+import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_info
 
 from .config import ModelConfig
 from .kernels import MAX_ROWS, candidates
 from .lean import LeanModel
+from .machine import cpu_model
 from .memory import from_hf_config
 from .model import forward_cached, init_params
 from .timing import OpCounts, median_time, single_thread, step_counts, stepper
 
-LADDER = (32 * 2**10, 256 * 2**10, 2**20, 3 * 2**19, 2 * 2**20, 3 * 2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20,
+PROBE_SIZES = (32 * 2**10, 256 * 2**10, 2**20, 3 * 2**19, 2 * 2**20, 3 * 2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20,
           256 * 2**20, 2**30)  # working sets probed; dense around the common L2 sizes, where the rate falls
 RATE_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 64, 512)
 RATE_LEVELS = (256 * 2**10, 16 * 2**20, 256 * 2**20)  # weight sizes the products are timed on: in L2, L3, memory
@@ -68,6 +77,22 @@ class Machine:
     rates: dict  # {(product, rows, weight bytes): FLOP/s}; product "numpy", "one-row batch" or "kernel"
     per_element: dict  # {ufunc name: seconds per element}
     caches: dict = field(default_factory=dict)  # {"L1d": bytes, "L2": bytes, "L3": bytes} as the system reports
+
+    @property
+    def memory_bandwidth(self) -> float:
+        """Read bytes/s from memory: the probe with the largest working set, far beyond the last cache."""
+        return float(self.ladder[-1][1])
+
+    @property
+    def peak(self) -> float:
+        """The fastest weight product measured, FLOP/s (numpy's, many rows, weights in L2)."""
+        return float(max(v for (p, _, _), v in self.rates.items() if p == "numpy"))
+
+    def card(self) -> str:
+        """The machine card: the few numbers every chapter quotes as "this machine"."""
+        return (f"{cpu_model()}, one BLAS thread: a numpy call {self.call * 1e6:.1f} us "
+                f"({self.engine_call['plain'] * 1e6:.1f} us inside the plain engine); reads "
+                f"{self.memory_bandwidth / 1e9:.1f} GB/s from memory; products peak at {self.peak / 1e9:.0f} GFLOP/s")
 
     def bandwidth(self, working_set: float) -> float:
         """Read bandwidth for a working set of this many bytes, interpolated in log size between the probes."""
@@ -141,18 +166,36 @@ def _engine_call_costs() -> dict:
             / len(step_counts(build, params, cfg, 16)[1].ops) for path, build in steps.items()}
 
 
-def _gemv_seconds(nbytes: int) -> float:
-    """Seconds of one one-row product over a float32 matrix of `nbytes` (each element read once)."""
-    m = np.ones((max(nbytes // 1024, 1), 256), np.float32)  # (rows, 256), every page written
-    x = np.ones(256, np.float32)
-    return median_time(lambda: np.dot(m, x), repeats=7, warmup=1, min_seconds=0.01 if nbytes < 2**26 else 0.0)
+PROBE_K, PROBE_N = 768, 3072  # one weight matrix of the probe: GPT-2 small's MLP, 9 MiB of float32
+
+
+def _probe_weights(nbytes: int) -> list:
+    """Weight matrices of `nbytes` in all, laid out as the engine stores them ((K, N), column-major,
+    as `lib.standins` draws them): matrices of at most PROBE_K x PROBE_N, every page written."""
+    count = max(1, round(nbytes / (PROBE_K * PROBE_N * 4)))
+    N = max(1, nbytes // count // (4 * PROBE_K))
+    return [np.asfortranarray(np.ones((PROBE_K, N), np.float32)) for _ in range(count)]  # (K, N) each
+
+
+def _read_seconds(weights: list) -> float:
+    """Seconds to run one row through every matrix in turn, x @ W, the product a decode step runs."""
+    x = np.ones((1, PROBE_K), np.float32)  # (1, K)
+    small = sum(w.nbytes for w in weights) < 2**26
+    return median_time(lambda: [x @ w for w in weights], repeats=7, warmup=1, min_seconds=0.01 if small else 0.0)
 
 
 def _read_rates(sizes) -> tuple:
-    """((bytes, read bytes/s), ...) for working sets of each size: one-row products over a matrix
-    of that size, less the time of the same call over 1 KiB (its fixed cost)."""
-    fixed = _gemv_seconds(1024)
-    return tuple((size, size / max(_gemv_seconds(size) - fixed, 1e-12)) for size in sizes)
+    """((bytes, read bytes/s), ...) for working sets of each size: one-row products x @ W over weights
+    of that size in the engine's layout, less the time of the same calls over one column each (their
+    fixed cost). A probe of another shape misleads: a gemv over (rows, 256) matrices read 8-9 GB/s on
+    a machine whose stand-in step streamed its 340 MB of weights at 12.8."""
+    rates = []
+    for size in sizes:
+        weights = _probe_weights(size)
+        fixed = _read_seconds([w[:, :1] for w in weights])  # (K, 1) views: the calls without the bytes
+        nbytes = sum(w.nbytes for w in weights)
+        rates.append((nbytes, nbytes / max(_read_seconds(weights) - fixed, 1e-12)))
+    return tuple(rates)
 
 
 def _product_rates(call: float) -> dict:
@@ -182,12 +225,63 @@ def _element_costs(call: float, n: int = 65536) -> dict:
             for name, fn in ELEMENTWISE.items()}
 
 
-def calibrate(out=print) -> Machine:
-    """Measure this machine's constants (one BLAS thread) and print them."""
+def measure() -> Machine:
+    """Measure this machine's constants now (one BLAS thread, about ten seconds)."""
     with single_thread():
         call = _call_cost()
-        machine = Machine(call, _engine_call_costs(), _read_rates(LADDER), _product_rates(call),
-                          _element_costs(call), cache_sizes())
+        return Machine(call, _engine_call_costs(), _read_rates(PROBE_SIZES), _product_rates(call),
+                       _element_costs(call), cache_sizes())
+
+
+# ----------------------------------------------------------------------------- the machine card
+
+CARD_DIR = Path(os.environ.get("LIB_CARD_DIR", Path.home() / ".cache" / "fast-inference-book"))
+PROBES = ("costmodel.py", "kernels.py", "timing.py")  # the modules whose code the constants come from
+
+
+def card_key() -> dict:
+    """What the constants depend on: the CPU, its cores, numpy and its BLAS, and lib's probes."""
+    probes = hashlib.sha256(b"".join((Path(__file__).parent / name).read_bytes() for name in PROBES))
+    blas = sorted(f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')}"
+                  for i in threadpool_info() if i.get("user_api") == "blas")
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "numpy": np.__version__, "blas": blas,
+            "lib": probes.hexdigest()[:16]}
+
+
+def card_path(key: dict = None) -> Path:
+    """Where the card for `key` (this machine's, by default) is kept."""
+    digest = hashlib.sha256(json.dumps(key or card_key(), sort_keys=True).encode()).hexdigest()[:16]
+    return CARD_DIR / f"machine-{digest}.json"
+
+
+def _to_json(m: Machine, key: dict) -> dict:
+    return {"key": key, "call": m.call, "engine_call": m.engine_call, "ladder": [list(p) for p in m.ladder],
+            "rates": [[p, r, s, v] for (p, r, s), v in m.rates.items()], "per_element": m.per_element,
+            "caches": m.caches, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def _from_json(d: dict) -> Machine:
+    return Machine(d["call"], d["engine_call"], tuple(tuple(p) for p in d["ladder"]),
+                   {(p, r, s): v for p, r, s, v in d["rates"]}, d["per_element"], d["caches"])
+
+
+def calibrate(out=print, refresh: bool = False) -> Machine:
+    """This machine's card: its constants, measured once and kept on disk under CARD_DIR, keyed by
+    `card_key()`, so every chapter of a build quotes the same machine. Measured again when the key
+    changes (another CPU, numpy, BLAS or probe), when the card is unreadable, or with refresh=True
+    (`python -m lib.bench --recalibrate`). `out` receives the card's description."""
+    key, path = card_key(), card_path()
+    try:
+        card = json.loads(path.read_text())
+        machine = None if refresh or card["key"] != key else _from_json(card)
+    except (OSError, ValueError, KeyError, TypeError):
+        machine = None
+    if machine is None:
+        machine = measure()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(_to_json(machine, key), indent=1))
+        tmp.replace(path)  # atomic: two processes calibrating at once leave one whole card
     if out:
         out(describe(machine))
     return machine

@@ -235,7 +235,7 @@ class _Buffers:
 
 def cached_step(model):
     """A model as (cfg, step): a (params, cfg) pair steps with the plain `forward_cached`; a
-    LeanModel, or any step object with a ModelConfig `cfg` (such as `lib.standins.CostShadow`),
+    LeanModel, or any step object with a ModelConfig `cfg` (such as `lib.standins.StandInStep`),
     with itself. step(new_tokens, cache) -> logits (T, V)."""
     if isinstance(getattr(model, "cfg", None), ModelConfig) and callable(model):
         return model.cfg, model

@@ -35,8 +35,9 @@ def layer_norm(x, g, b, eps=LN_EPS):
 
 
 def gelu(x):
-    """The tanh approximation used by GPT-2."""
-    return 0.5 * x * (1.0 + np.tanh(GELU_C * (x + 0.044715 * x ** 3)))
+    """The tanh approximation used by GPT-2. The cube is two multiplies: numpy's `x ** 3` goes
+    through its general power, hundreds of times slower per element than a multiply."""
+    return 0.5 * x * (1.0 + np.tanh(GELU_C * (x + 0.044715 * (x * x * x))))
 
 
 def softmax(x, axis=-1):

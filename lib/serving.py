@@ -30,7 +30,7 @@ and the truncation of both caches, are per sequence. At temperature 0 the tokens
 request's greedy decoding. The draft's cache lives in its own pool, not scheduled.
 
 Time: with cost=None each iteration (scheduling, the batched steps, sampling) is timed and the
-clock advances by it; a clock from `lib.clocks` (a fitted `StepCost` or a measured `Shadow`)
+clock advances by it; a clock from `lib.clocks` (a `FittedClock` fitted to a stand-in or a measured `StandInClock`)
 gives each step's time from its rows instead. Requests arrive at their trace times, with
 gamma-distributed gaps (shape 1 is a Poisson process, below 1 burstier: vLLM's benchmark_serving).
 """
@@ -539,7 +539,7 @@ def load_study(target, draft, big_clock, small_clock, k: int = 4, out=print) -> 
     """The serving chapter's measurements at the stand-in's fitted cost: the ladder over the rates,
     and SPEC_POLICY with and without speculative decoding below saturation, with the crossover
     predicted by lib.clocks.crossover_rate. target, draft: (params, cfg) pairs; the clocks from
-    lib.clocks.fit_step_cost. Returns the numbers the goals need."""
+    lib.clocks.fit_clock. Returns the numbers the goals need."""
     from .clocks import crossing, crossover_rate
     from .corpus import load_corpus
     from .generate import generate
@@ -591,7 +591,7 @@ def load_study(target, draft, big_clock, small_clock, k: int = 4, out=print) -> 
 def bench_rows(out=print):
     """The serving lines of `python -m lib.bench`: batched decode of the trained target and of the
     12x768 stand-in, then `load_study`; returns the goals as (text, value, met)."""
-    from .clocks import fit_step_cost
+    from .clocks import fit_clock
     from .lean import LeanModel
     from .model import load
     from .standins import standin
@@ -605,8 +605,8 @@ def bench_rows(out=print):
             out(f"  B = {B:2d}: alone {alone * 1e3:6.2f} ms, batched {batched * 1e3:6.2f} ms per step, "
                 f"{B / batched:7.0f} tokens/s, {gain:.2f}x")
         chunks = (4, 16, 64, 256)
-        big_clock = fit_step_cost(standin("12x768"), positions, chunks=chunks, repeats=3)
-        small_clock = fit_step_cost(standin("4x256"), positions, chunks=chunks, repeats=3)
+        big_clock = fit_clock(standin("12x768"), positions, chunks=chunks, repeats=3)
+        small_clock = fit_clock(standin("4x256"), positions, chunks=chunks, repeats=3)
         big = dict(big_clock.decode_times)
         out("12x768 stand-in, batched decode: " + ", ".join(f"B = {B}: {t * 1e3:.0f} ms" for B, t in big.items()))
         study = load_study(target, draft, big_clock, small_clock, out=out)

@@ -7,8 +7,8 @@ by call overhead and arithmetic. A real LLM streams its weights from memory at e
 stand-in has the shape of such a model (GPT-2 small: 12 layers of width 768, 340 MB of float32
 weights) and random weights, enough to time it honestly.
 
-`CostShadow` joins the two: the trained model makes every decision (its tokens, its acceptances),
-and each of its calls is repeated, with the same number of tokens, on a stand-in whose own KV
+`StandInStep` is the book's stand-in device, which joins the two: the trained model makes every
+decision (its tokens, its acceptances), and each of its calls is repeated, with the same number of tokens, on a stand-in whose own KV
 cache is kept at the same length, truncated whenever the real one was. Timing a generation
 through it measures the trained model's decoding at the stand-in's cost.
 """
@@ -59,9 +59,10 @@ def weight_bytes(model: LeanModel) -> int:
     return sum(w.nbytes for layer in model.layers for w in layer) + model.head.nbytes
 
 
-class CostShadow:
-    """A cached step that returns `model`'s logits after running a call of the same size on
-    `standin`, whose own cache follows the real cache's length. Use it wherever a LeanModel
+class StandInStep:
+    """The stand-in device for one sequence: a cached step that returns `model`'s logits after
+    running a call of the same size on `standin`, whose own cache follows the real cache's length
+    (`lib.clocks.StandInClock` is the same device for a batch). Use it wherever a LeanModel
     goes (`generate(..., step=)`, `speculative_generate`). `calls` records each call's size."""
 
     def __init__(self, model, standin_model: LeanModel):
@@ -70,16 +71,16 @@ class CostShadow:
             raise ValueError(f"the stand-in has {standin_model.cfg.block_size} positions, fewer than "
                              f"the model's {self.cfg.block_size}")
         self.standin = standin_model
-        self.shadow = KVCache(standin_model.cfg)
+        self.standin_cache = KVCache(standin_model.cfg)
         self.calls = []  # tokens per call, in order
 
     def __call__(self, new_tokens, cache) -> np.ndarray:
         start = cache.n
-        if start > self.shadow.n:
-            raise ValueError(f"the real cache holds {start} positions, the stand-in's only {self.shadow.n}: "
-                             f"a cost shadow must see every call made on its cache")
+        if start > self.standin_cache.n:
+            raise ValueError(f"the real cache holds {start} positions, the stand-in's only {self.standin_cache.n}: "
+                             f"the stand-in device must see every call made on its cache")
         logits = self.step(new_tokens, cache)  # the real model: checks the tokens and the cache
-        self.shadow.truncate(start)  # the real cache was truncated to `start` (or is new) since the last call
-        self.standin(new_tokens, self.shadow)
+        self.standin_cache.truncate(start)  # the real cache was truncated to `start` (or is new) since the last call
+        self.standin(new_tokens, self.standin_cache)
         self.calls.append(len(logits))
         return logits

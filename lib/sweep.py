@@ -1,7 +1,7 @@
 """Measuring speculative decoding: what a call costs, and the speed-up for each k, against the
 formulas of Leviathan et al. 2023 (tokens per call, their eq. 1; speed-up, their Theorem 3.8).
 
-The target can be a LeanModel (the trained model at its own cost) or a `lib.standins.CostShadow`
+The target can be a LeanModel (the trained model at its own cost) or a `lib.standins.StandInStep`
 (the trained model's decisions at a large model's cost). Baseline and speculative runs are
 timed interleaved (baseline, k1, baseline, k2, ..., baseline), each k against the mean of the
 two baselines beside it, so a machine whose speed drifts affects both sides alike.

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from lib.costmodel import H100_SXM, Accelerator, Machine, cache_sizes, calibrate, predict, predict_decode
+from lib.costmodel import H100_SXM, Accelerator, Machine, cache_sizes, measure, predict, predict_decode
 from lib.memory import from_hf_config
 from lib.timing import Op, single_thread
 
@@ -69,8 +69,32 @@ def test_cache_sizes_are_bytes():
 
 
 def test_calibration_gives_finite_positive_constants():
-    machine = calibrate(out=None)
+    machine = measure()
     values = [machine.call, *machine.engine_call.values(), *(bw for _, bw in machine.ladder),
               *machine.rates.values(), *machine.per_element.values()]
     assert all(math.isfinite(v) and v >= 0 for v in values)
     assert {p for p, _, _ in machine.rates} == {"numpy", "one-row batch", "kernel"}
+
+
+def test_the_card_is_measured_once_kept_and_measured_again_when_its_key_changes(tmp_path, monkeypatch):
+    from lib import costmodel
+    monkeypatch.setattr(costmodel, "CARD_DIR", tmp_path)
+    measured = []
+    monkeypatch.setattr(costmodel, "measure", lambda: measured.append(1) or MACHINE)
+    first = costmodel.calibrate(out=None)
+    assert measured == [1] and first == MACHINE and costmodel.card_path().exists()
+    assert costmodel.calibrate(out=None) == MACHINE and measured == [1]  # loaded: the same constants, not measured
+    costmodel.calibrate(out=None, refresh=True)
+    assert measured == [1, 1]
+    monkeypatch.setattr(costmodel, "card_key", lambda: {"cpu": "another"})
+    costmodel.calibrate(out=None)
+    assert measured == [1, 1, 1]  # another key: another card
+    costmodel.card_path().write_text("{not json")
+    costmodel.calibrate(out=None)
+    assert measured == [1, 1, 1, 1]  # an unreadable card is measured again
+
+
+def test_the_card_quotes_one_bandwidth_and_one_peak():
+    assert MACHINE.memory_bandwidth == 10e9  # the largest working set's rate
+    assert MACHINE.peak == 512 * 10e9
+    assert "10.0 GB/s" in MACHINE.card() and "5120 GFLOP/s" in MACHINE.card()

@@ -922,8 +922,8 @@ EXEMPT = {
         "single_thread", "median_time", "paired_times", "paired", "paired_speedup", "Op", "OpCounts", "count_ops",
         "matmul_gflops", "memory_gbps", "read_gbps", "stepper", "step_counts", "numpy_calls_per_step")},
     **{f"costmodel.{n}": MEASURES + " (lib.costmodel is being reworked beside this test)" for n in (
-        "Machine", "Machine.bandwidth", "Machine.rate", "Machine.element", "Prediction", "cache_sizes", "calibrate",
-        "describe", "working_set", "predict", "Predictions", "Predictions.add", "Predictions.errors",
+        "Machine", "Machine.bandwidth", "Machine.rate", "Machine.element", "Machine.card", "Prediction", "cache_sizes",
+        "calibrate", "measure", "card_key", "card_path", "describe", "working_set", "predict", "Predictions", "Predictions.add", "Predictions.errors",
         "Predictions.report", "plain_builder", "lean_builder", "predict_calls", "Accelerator", "predict_decode",
         "h100_line")},
     "bench.run": "the benchmark report, python -m lib.bench",
@@ -933,13 +933,13 @@ EXEMPT = {
         "call_costs", "draft_cost", "tokens_per_call_distribution", "truncated_geometric", "merged", "sweep", "predictions",
         "acceptance_on_text")},
     **{f"standins.{n}": "builds models of up to 340 MB for timing; tests/test_standins.py" for n in (
-        "standin_params", "standin", "weight_bytes", "CostShadow")},
+        "standin_params", "standin", "weight_bytes", "StandInStep")},
     **{f"serving.{n}": "the serving simulation, stateful and timed; tests/test_serving.py" for n in (
         "Request", "Outcome", "make_trace", "rejection", "Report", "Report.summary", "Report.goodput", "Report.attainment", "serve",
         "decode_speedup", "sweep_rates", "load_rates", "best_rate", "slo_capacity", "load_study", "bench_rows")},
     **{f"clocks.{n}": "serving clocks, fitted by timing or timed on a stand-in; tests/test_serving.py" for n in (
-        "check_rows", "StepCost", "StepCost.one", "StepCost.decode", "StepCost.free", "fit_step_cost", "Shadow",
-        "Shadow.free", "steady_state", "crossover_rate", "crossing")},
+        "check_rows", "FittedClock", "FittedClock.one", "FittedClock.decode", "FittedClock.free", "fit_clock", "StandInClock",
+        "StandInClock.free", "steady_state", "crossover_rate", "crossing")},
     "corpus.held_out_spans": "reads the held-out corpus; tests/test_serving.py (make_trace)",
     **{f"train.{n}": "training (minutes of work, hand-written backward pass); tests/test_train.py" for n in (
         "ln_fwd", "ln_bwd", "gelu_fwd", "gelu_bwd", "attn_fwd", "attn_bwd", "matmul_bwd", "loss_and_grads", "lr_at",

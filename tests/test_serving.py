@@ -10,14 +10,14 @@ from lib.lean import LeanModel
 from lib.model import load
 from lib.batch import BatchedModel, batch_stepper
 from lib.timing import single_thread
-from lib.clocks import Shadow, StepCost, crossing, crossover_rate, fit_step_cost, steady_state
+from lib.clocks import StandInClock, FittedClock, crossing, crossover_rate, fit_clock, steady_state
 from lib.serving import LADDER, Request, make_trace, serve
 
 PARAMS, CFG = load("target")
 LEAN = LeanModel(PARAMS, CFG)
 DRAFT = LeanModel(*load("draft"))
-COST = StepCost((1, 2, 64), (1.1e-3, 1.12e-3, 2.4e-3), 1e-4)  # seconds per step, by its rows
-DRAFT_COST = StepCost((1, 64), (2e-4, 5e-4), 2e-5)
+COST = FittedClock((1, 2, 64), (1.1e-3, 1.12e-3, 2.4e-3), 1e-4)  # seconds per step, by its rows
+DRAFT_COST = FittedClock((1, 64), (2e-4, 5e-4), 2e-5)
 _SOLO = {}
 
 
@@ -145,7 +145,7 @@ def test_step_cost_interpolates_its_points_and_adds_a_cost_per_sequence():
     with pytest.raises(ValueError, match="rows must be"):
         COST([])
     with pytest.raises(ValueError, match="increase from 1"):
-        StepCost((2, 4), (1.0, 2.0), 0.0)
+        FittedClock((2, 4), (1.0, 2.0), 0.0)
 
 
 def test_steady_state_is_littles_law_over_a_poisson_batch():
@@ -155,7 +155,7 @@ def test_steady_state_is_littles_law_over_a_poisson_batch():
     assert light[1] == pytest.approx(COST.decode(1), rel=0.05) and heavy[1] > tpot  # more load, slower tokens
     assert steady_state(COST, 1e9, 20.0) == (float("inf"), float("inf"))
     rates = list(np.geomspace(1, 1e4, 40))
-    dear_rows = StepCost((1, 2, 64), (1e-3, 1.1e-3, 2e-2), 1e-4)  # rows past a few cost their arithmetic
+    dear_rows = FittedClock((1, 2, 64), (1e-3, 1.1e-3, 2e-2), 1e-4)  # rows past a few cost their arithmetic
     assert steady_state(dear_rows, 1.0, 20.0, DRAFT_COST, 0.8, 4)[1] < 0.9 * dear_rows.decode(1)
     cross = crossover_rate(dear_rows, DRAFT_COST, 0.8, 4, 20.0, rates)
     assert 1 < cross < 1e4
@@ -207,7 +207,7 @@ def test_the_latest_arrival_is_preempted_first():
 
 
 def test_shadow_times_the_rows_and_frees_its_sequences():
-    shadow = Shadow(LEAN, num_blocks=16)
+    shadow = StandInClock(LEAN, num_blocks=16)
     assert shadow([("a", 1, 30), ("b", 5, 0)]) > 0
     assert shadow.seqs["a"].n == 31 and shadow.seqs["b"].n == 5
     shadow([("a", 1, 10)])  # the served sequence was truncated: so is its shadow
@@ -220,7 +220,7 @@ def test_shadow_times_the_rows_and_frees_its_sequences():
 def test_a_fitted_clock_gives_the_same_schedule_every_run():
     positions = np.random.default_rng(0).integers(16, 129, 4)
     with single_thread():
-        clock = fit_step_cost(LEAN, positions, sizes=(1, 2, 4), chunks=(8,), repeats=1)
+        clock = fit_clock(LEAN, positions, sizes=(1, 2, 4), chunks=(8,), repeats=1)
     assert list(clock.seconds) == sorted(clock.seconds) and len(clock.decode_times) == 3
     trace = make_trace(8, rate=2000.0, seed=3)
     runs = [serve(LEAN, trace, 24, cost=clock) for _ in range(2)]
@@ -230,7 +230,7 @@ def test_a_fitted_clock_gives_the_same_schedule_every_run():
 
 def test_fit_step_cost_needs_a_position_per_sequence():
     with pytest.raises(ValueError, match="positions"):
-        fit_step_cost(LEAN, [16, 32], sizes=(1, 4))
+        fit_clock(LEAN, [16, 32], sizes=(1, 4))
 
 
 def test_batch_stepper_feeds_chunks_and_leaves_the_pool_as_it_was():

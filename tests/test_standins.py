@@ -9,7 +9,7 @@ from lib.kv_cache import KVCache
 from lib.lean import LeanModel
 from lib.model import forward, load
 from lib.speculative import speculative_generate
-from lib.standins import STANDINS, CostShadow, standin, standin_params, weight_bytes
+from lib.standins import STANDINS, StandInStep, standin, standin_params, weight_bytes
 
 SMALL = ModelConfig(n_layer=2, n_head=6, n_kv_head=3, n_embd=48)  # a shape unlike the trained models'
 
@@ -50,10 +50,10 @@ def test_cost_shadow_gives_the_models_tokens_and_follows_its_cache():
     target, draft = LeanModel(*load("target")), LeanModel(*load("draft"))
     stand = standin("4x256")
     prompt = held_out_prompts(1)[0]
-    shadow = CostShadow(target, stand)
+    shadow = StandInStep(target, stand)
     greedy = generate(None, target.cfg, prompt, 40, step=target).tokens
     np.testing.assert_array_equal(generate(None, target.cfg, prompt, 40, step=shadow).tokens, greedy)
-    assert shadow.calls == [len(prompt)] + [1] * 39 and shadow.shadow.n == len(prompt) + 39
+    assert shadow.calls == [len(prompt)] + [1] * 39 and shadow.standin_cache.n == len(prompt) + 39
     shadow.calls.clear()
     tokens, stats = speculative_generate(shadow, draft, prompt, 40, k=3, temperature=0.0)
     np.testing.assert_array_equal(tokens, greedy)
@@ -63,7 +63,7 @@ def test_cost_shadow_gives_the_models_tokens_and_follows_its_cache():
 
 def test_cost_shadow_refuses_a_cache_it_did_not_follow():
     target = LeanModel(*load("target"))
-    shadow = CostShadow(target, standin("4x256"))
+    shadow = StandInStep(target, standin("4x256"))
     cache = KVCache(target.cfg)
     target([1, 2, 3], cache)  # filled behind the shadow's back
     with pytest.raises(ValueError, match="must see every call"):
