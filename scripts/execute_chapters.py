@@ -1,0 +1,62 @@
+"""Run chapters top to bottom and store them with their outputs and their prose numbers.
+
+    python scripts/execute_chapters.py book/03_kv_cache.ipynb [...]
+
+Each notebook runs in a fresh kernel started in book/ (as the book build and nbval start it), one
+BLAS thread as every chapter sets. After the run, every markdown cell that shows a number as
+{eval}`name` gets the value in its `user_expressions` metadata, as jupyterlab-myst stores it after
+evaluating the cell, so `jupyter lab book/` shows numbers before anything is run.
+"""
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+EVAL = re.compile(r"\{eval\}`([^`]+)`")
+RECORD = "application/papermill.record/"  # the mime prefix of myst-nb's glue outputs
+
+
+def glued(nb) -> dict:
+    """{name: mime bundle} of every value the notebook's run glued."""
+    values = {}
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            name = out.get("metadata", {}).get("scrapbook", {}).get("name")
+            if name:
+                values[name] = {k[len(RECORD):]: v for k, v in out["data"].items() if k.startswith(RECORD)}
+    return values
+
+
+def store_prose(nb) -> int:
+    """Write each markdown cell's {eval} values into its user_expressions; the count written."""
+    values, written = glued(nb), 0
+    for cell in nb.cells:
+        if cell.cell_type != "markdown":
+            continue
+        names = list(dict.fromkeys(EVAL.findall(cell.source)))
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise SystemExit(f"{', '.join(missing)}: shown in the prose but never glued")
+        if names:
+            cell.metadata["user_expressions"] = [
+                {"expression": n, "result": {"status": "ok", "data": values[n], "metadata": {}}} for n in names]
+            written += len(names)
+        else:
+            cell.metadata.pop("user_expressions", None)
+    return written
+
+
+def main(paths):
+    for path in map(Path, paths):
+        nb = nbformat.read(path, as_version=4)
+        NotebookClient(nb, timeout=600, kernel_name="python3",
+                       resources={"metadata": {"path": str(path.parent)}}).execute()
+        count = store_prose(nb)
+        nbformat.write(nb, path)
+        print(f"{path}: run and stored, {count} prose numbers")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
