@@ -193,8 +193,8 @@ def _read_rates(sizes) -> tuple:
     for size in sizes:
         weights = _probe_weights(size)
         fixed = _read_seconds([w[:, :1] for w in weights])  # (K, 1) views: the calls without the bytes
-        nbytes = sum(w.nbytes for w in weights)
-        rates.append((nbytes, nbytes / max(_read_seconds(weights) - fixed, 1e-12)))
+        nbytes = sum(w.nbytes for w in weights)  # within a column's bytes of `size`, which labels the probe
+        rates.append((size, nbytes / max(_read_seconds(weights) - fixed, 1e-12)))
     return tuple(rates)
 
 
