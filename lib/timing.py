@@ -177,18 +177,6 @@ def memory_gbps(mbytes: int = 256) -> float:
     return 2 * src.nbytes / t / 1e9
 
 
-def read_gbps(mbytes: int = 512, repeats: int = 7) -> float:
-    """Measured read bandwidth in GB/s, STREAM's idea (McCalpin 1995) for the access a decode step
-    makes: one BLAS thread multiplies a vector by a float32 matrix of `mbytes` MB (far larger
-    than the caches), reading each element once. Like STREAM, the best of the repeats."""
-    m = np.ones((mbytes * 2**20 // 4096, 1024), np.float32)  # (rows, 1024), every page written
-    x = np.ones(1024, np.float32)
-    with single_thread():
-        np.dot(m, x)
-        t = min(median_time(lambda: np.dot(m, x), repeats=1, warmup=0) for _ in range(repeats))
-    return m.nbytes / t / 1e9
-
-
 def stepper(step, cfg, position: int, n_tokens: int = 1):
     """A function that runs step(new_tokens, cache) on n_tokens new tokens after `position`
     cached ones, then drops them again: one cached call, ready to time."""

@@ -920,13 +920,14 @@ EXEMPT = {
     **{f"machine.{n}": MEASURES for n in ("cpu_model", "describe", "setup")},
     **{f"timing.{n}": MEASURES + " (lib.timing is being reworked beside this test)" for n in (
         "single_thread", "median_time", "paired_times", "paired", "paired_speedup", "Op", "OpCounts", "count_ops",
-        "matmul_gflops", "memory_gbps", "read_gbps", "stepper", "step_counts", "numpy_calls_per_step")},
+        "matmul_gflops", "memory_gbps", "stepper", "step_counts", "numpy_calls_per_step")},
     **{f"costmodel.{n}": MEASURES + " (lib.costmodel is being reworked beside this test)" for n in (
         "Machine", "Machine.bandwidth", "Machine.rate", "Machine.element", "Machine.card", "Prediction", "cache_sizes",
         "calibrate", "measure", "card_key", "card_path", "describe", "working_set", "predict", "Predictions", "Predictions.add", "Predictions.errors",
         "Predictions.report", "plain_builder", "lean_builder", "predict_calls", "Accelerator", "predict_decode",
         "h100_line")},
     "bench.run": "the benchmark report, python -m lib.bench",
+    "prose.prose": "glues a chapter's prose numbers (myst-nb) and binds them in its kernel; tests/test_frame.py checks what it stores",
     **{f"cachebytes.{n}": MEASURES + " (where a quantized cache pays; tests/test_quant_attention.py)" for n in (
         "filled_pool", "filled_pools", "standin", "stepper", "kernel_seconds_per_value", "cache_bytes", "predict_other_work", "predict_attention", "sweep")},
     **{f"sweep.{n}": MEASURES + " (the k-sweep; tests/test_sweep.py)" for n in (

@@ -10,17 +10,22 @@ import time
 import urllib.error
 import urllib.request
 
+from pathlib import Path
+
 import nbformat
 import pytest
 
 from test_book_html import CHROMIUM, CHROMIUM_ARGS, SLIDER_CELL, need_chromium, open_page
 
 NOTEBOOK = "live.ipynb"
+CHAPTER = Path(__file__).resolve().parent.parent / "book" / "03_kv_cache.ipynb"  # a chapter on the book's frame
 START_TIMEOUT = 60  # s for the server to answer /api/status
 LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1 never through a proxy
 # JupyterLab's own settings, written to the run's empty settings folder: never fetch the Jupyter
 # news feed, and so never show the toast that asks whether to (it would cover part of the page).
-LAB_SETTINGS = {"@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false"}}
+# Every cell is rendered, not only those in view (the chapter test reads cells far down the page).
+LAB_SETTINGS = {"@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false"},
+                "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"}}
 
 
 def free_port() -> int:
@@ -49,7 +54,8 @@ def tail(log, n=4000) -> str:
 @pytest.fixture
 def lab(tmp_path):
     """A JupyterLab server on 127.0.0.1 (a free port, no token, no password, no browser) whose
-    root folder holds one notebook with a slider; yields its URL and always stops it."""
+    root folder holds one notebook with a slider and a copy of a chapter; yields its URL and always
+    stops it."""
     need_chromium()  # before starting a server the test could not use
     root = tmp_path / "root"
     root.mkdir()
@@ -58,6 +64,7 @@ def lab(tmp_path):
         nbformat.v4.new_code_cell(SLIDER_CELL)])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
     nbformat.write(nb, root / NOTEBOOK)
+    (root / CHAPTER.name).write_bytes(CHAPTER.read_bytes())  # as stored, never run here
     # The user's Jupyter config, data (kernels, lab extensions), runtime files, IPython profile and
     # JupyterLab settings and workspaces stay out: every run starts from JupyterLab's defaults in
     # fresh folders and leaves no state behind. The venv's own config and data still apply (the
@@ -137,3 +144,38 @@ def test_slider_switches_the_plot_in_jupyterlab(lab):
     assert before != after, "moving the slider did not change the plot"
     assert errors == [], f"console errors: {errors}"
     assert failed == [], f"requests failed: {failed}"
+
+
+def test_a_chapter_reads_in_jupyterlab_as_in_the_book(lab):
+    """Opened, not run: the prose shows the stored numbers, not role markup, and a dropdown is
+    rendered collapsed (jupyterlab-myst), as in the built book."""
+    from playwright.sync_api import expect, sync_playwright
+
+    chapter = nbformat.read(CHAPTER, as_version=4)
+    cell = next(c for c in chapter.cells if c.cell_type == "markdown" and "speedup_511" in c.source)
+    stored = {e["expression"]: e["result"]["data"]["text/plain"].strip("'") for e in cell.metadata["user_expressions"]}
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = open_page(browser, lab)
+            page.set_default_timeout(30_000)
+            expect.set_options(timeout=30_000)
+            page.goto(f"{lab}/lab/tree/{CHAPTER.name}")
+            notebook = page.locator(".jp-NotebookPanel")
+            prose = notebook.locator(".jp-MarkdownCell", has_text="times faster, with logits that agree")
+            expect(prose).to_have_count(1)
+            expect(prose).to_contain_text(f"{stored['t_full_511']} ms without the cache and {stored['t_cached_511']} ms")
+            expect(prose).to_contain_text(f"{stored['speedup_511']} times faster")
+            text = " ".join(notebook.locator(".jp-MarkdownCell").all_inner_texts())
+            assert "{eval}" not in text and "{glue" not in text and ":::" not in text, "MyST markup shown as text"
+            summary = notebook.get_by_text("Deep dive: the cache's own code", exact=True)
+            expect(summary).to_be_visible()
+            body = notebook.get_by_text("returns a view of the first", exact=False)
+            expect(body).to_be_hidden()  # collapsed until opened
+            summary.click()
+            expect(body).to_be_visible()
+            errors = list(page.errors)
+        finally:
+            expect.set_options(timeout=None)
+            browser.close()
+    assert errors == [], f"console errors: {errors}"
