@@ -57,9 +57,12 @@ QUOTED = {
         "8.03": "model card",  # Llama 3 8B's parameter count
     },
     "03_kv_cache.ipynb": {
-        "107": "the\narticle", "1.16": "the\narticle", "92": "the\narticle",
-        "96.8": "the article", "13.4": "the article",
-        "32": "config", "128": "config", "8.03": "config",  # Llama 3 8B's config.json
+        "107": "The article", "1.16": "The article", "92": "The article",  # the source article's figures
+        "499": "500th token", "64": "first 64 positions",  # the question and the demo's own sizes
+        "272": "positions 16 to",  # the generation's positions: the 16-token prompt plus 256 tokens
+        "3.35": "H100's", "80": "data sheet's",  # NVIDIA's H100 SXM data sheet
+        "81,559": "driver reports", "0.9": "gpu_memory_utilization",  # nvidia-smi; vLLM's default
+        "32": "layers", "128": "KV heads", "4,096": "requests of",  # Llama-3.1-8B's config; the problem's length
     },
     "04_memory.ipynb": {
         "128": "sliding", "12.8": "model card", "4.25": "model card",
