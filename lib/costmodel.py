@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from threadpoolctl import threadpool_info
 
 from .config import ModelConfig
 from .kernels import MAX_ROWS, candidates
@@ -242,8 +241,8 @@ PROBES = ("costmodel.py", "kernels.py", "timing.py")  # the modules whose code t
 def card_key() -> dict:
     """What the constants depend on: the CPU, its cores, numpy and its BLAS, and lib's probes."""
     probes = hashlib.sha256(b"".join((Path(__file__).parent / name).read_bytes() for name in PROBES))
-    blas = sorted(f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')}"
-                  for i in threadpool_info() if i.get("user_api") == "blas")
+    built = np.show_config(mode="dicts")["Build Dependencies"]["blas"]  # numpy's own BLAS, whatever else is loaded
+    blas = [f"{built.get('name')} {built.get('version')}"]
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "numpy": np.__version__, "blas": blas,
             "lib": probes.hexdigest()[:16]}
 
