@@ -10,7 +10,8 @@ import time
 import numpy as np
 
 from .corpus import held_out_prompts
-from .costmodel import Predictions, calibrate, card_path, describe, h100_line, lean_builder, plain_builder, predict, predict_calls
+from .costmodel import (Predictions, calibrate, card_path, describe, h100_line, load_card, lean_builder, plain_builder,
+                        predict, predict_calls)
 from .timing import (matmul_gflops, median_time, memory_gbps, numpy_calls_per_step, paired,
                      single_thread, step_counts, stepper)
 
@@ -60,12 +61,13 @@ def run(out=print, recalibrate: bool = False):
         out(f"peak float32 matmul {matmul_gflops(1024, 1024, 1024):.1f} GFLOP/s, copy bandwidth "
             f"{memory_gbps():.1f} GB/s (reads and writes; for the record, not used below)\n")
         start = time.perf_counter()
-        path = card_path()
-        fresh = recalibrate or not path.exists()
-        machine = calibrate(None, refresh=recalibrate)
+        machine = None if recalibrate else load_card()
+        fresh = machine is None
+        if fresh:
+            machine = calibrate(None, refresh=True)
         ratios["calibration_s"] = time.perf_counter() - start
         out("the machine card: " + machine.card())
-        out(f"  ({'measured now' if fresh else 'loaded'}: {path}; `python -m lib.bench --recalibrate` measures it again)")
+        out(f"  ({'measured now' if fresh else 'loaded'}: {card_path()}; `python -m lib.bench --recalibrate` measures it again)")
         out("  the cost model's constants:\n  " + describe(machine).replace("\n", "\n  ") + "\n")
         pred = Predictions(machine, out)
 

@@ -89,8 +89,9 @@ class Machine:
 
     def card(self) -> str:
         """The machine card: the few numbers every chapter quotes as "this machine"."""
-        return (f"{cpu_model()}, one BLAS thread: a numpy call {self.call * 1e6:.1f} us "
-                f"({self.engine_call['plain'] * 1e6:.1f} us inside the plain engine); reads "
+        return (f"{cpu_model()}, one BLAS thread: a numpy call {self.call * 1e6:.1f} us alone, "
+                f"{self.engine_call['plain'] * 1e6:.1f} / {self.engine_call['lean'] * 1e6:.1f} us inside the plain / "
+                f"lean engine; reads "
                 f"{self.memory_bandwidth / 1e9:.1f} GB/s from memory; products peak at {self.peak / 1e9:.0f} GFLOP/s")
 
     def bandwidth(self, working_set: float) -> float:
@@ -264,19 +265,25 @@ def _from_json(d: dict) -> Machine:
                    {(p, r, s): v for p, r, s, v in d["rates"]}, d["per_element"], d["caches"])
 
 
+def load_card() -> Machine | None:
+    """This machine's card as kept on disk, or None when there is none for its key or it is unreadable."""
+    key = card_key()
+    try:
+        card = json.loads(card_path(key).read_text())
+        return _from_json(card) if card["key"] == key else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def calibrate(out=print, refresh: bool = False) -> Machine:
     """This machine's card: its constants, measured once and kept on disk under CARD_DIR, keyed by
     `card_key()`, so every chapter of a build quotes the same machine. Measured again when the key
     changes (another CPU, numpy, BLAS or probe), when the card is unreadable, or with refresh=True
     (`python -m lib.bench --recalibrate`). `out` receives the card's description."""
-    key, path = card_key(), card_path()
-    try:
-        card = json.loads(path.read_text())
-        machine = None if refresh or card["key"] != key else _from_json(card)
-    except (OSError, ValueError, KeyError, TypeError):
-        machine = None
+    machine = None if refresh else load_card()
     if machine is None:
-        machine = measure()
+        machine, key = measure(), card_key()
+        path = card_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(_to_json(machine, key), indent=1))

@@ -8,7 +8,12 @@ by `scripts/execute_chapters.py`) before that. `prose(name=text, ...)` serves bo
 value and binds the same name in the notebook's namespace. Values are short phrases, never
 sentences (the frame test checks it).
 """
+import re
+
 from myst_nb import glue
+
+EVAL = re.compile(r"\{eval\}`([^`]+)`")  # a prose number in a chapter's markdown
+RECORD = "application/papermill.record/"  # the mime prefix of myst-nb's glue outputs
 
 
 def prose(**values) -> None:
@@ -16,7 +21,23 @@ def prose(**values) -> None:
     from IPython import get_ipython
     shell = get_ipython()
     for name, value in values.items():
-        text = value if isinstance(value, str) else f"{value}"
+        text = str(value)
         glue(name, text, display=False)
         if shell is not None:
             shell.user_ns[name] = text
+
+
+def glued(nb) -> dict:
+    """{name: mime bundle} of every value a notebook's stored run glued (nb: a notebook as a dict)."""
+    values = {}
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            name = out.get("metadata", {}).get("scrapbook", {}).get("name")
+            if name:
+                values[name] = {k[len(RECORD):]: v for k, v in out["data"].items() if k.startswith(RECORD)}
+    return values
+
+
+def shown(source: str) -> list:
+    """The names a markdown cell shows as prose numbers, in order, each once."""
+    return list(dict.fromkeys(EVAL.findall(source)))

@@ -7,26 +7,13 @@ BLAS thread as every chapter sets. After the run, every markdown cell that shows
 {eval}`name` gets the value in its `user_expressions` metadata, as jupyterlab-myst stores it after
 evaluating the cell, so `jupyter lab book/` shows numbers before anything is run.
 """
-import re
 import sys
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
 
-EVAL = re.compile(r"\{eval\}`([^`]+)`")
-RECORD = "application/papermill.record/"  # the mime prefix of myst-nb's glue outputs
-
-
-def glued(nb) -> dict:
-    """{name: mime bundle} of every value the notebook's run glued."""
-    values = {}
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            name = out.get("metadata", {}).get("scrapbook", {}).get("name")
-            if name:
-                values[name] = {k[len(RECORD):]: v for k, v in out["data"].items() if k.startswith(RECORD)}
-    return values
+from lib.prose import glued, shown
 
 
 def store_prose(nb) -> int:
@@ -35,7 +22,7 @@ def store_prose(nb) -> int:
     for cell in nb.cells:
         if cell.cell_type != "markdown":
             continue
-        names = list(dict.fromkeys(EVAL.findall(cell.source)))
+        names = shown(cell.source)
         missing = [n for n in names if n not in values]
         if missing:
             raise SystemExit(f"{', '.join(missing)}: shown in the prose but never glued")

@@ -97,4 +97,4 @@ def test_the_card_is_measured_once_kept_and_measured_again_when_its_key_changes(
 def test_the_card_quotes_one_bandwidth_and_one_peak():
     assert MACHINE.memory_bandwidth == 10e9  # the largest working set's rate
     assert MACHINE.peak == 512 * 10e9
-    assert "10.0 GB/s" in MACHINE.card() and "5120 GFLOP/s" in MACHINE.card()
+    assert "10.0 GB/s" in MACHINE.card() and "5120 GFLOP/s" in MACHINE.card() and "3.0 / 2.0 us" in MACHINE.card()

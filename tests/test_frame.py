@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from lib.prose import glued, shown
+
 BOOK = Path(__file__).resolve().parent.parent / "book"
 CHAPTERS = sorted(BOOK.glob("[0-9][0-9]_*.ipynb"))
 WORDS, NUMBERS = 1500, 30  # the main path's budget
@@ -20,8 +22,6 @@ PENDING = {  # chapters not yet on the frame; each issue that reframes one remov
 
 OPEN = re.compile(r"^(?P<fence>`{3,}|:{3,})\{(?P<name>[a-zA-Z:_-]+)\}(?P<rest>.*)$")
 ROLE = re.compile(r"\{(?:glue(?::[a-z]+)?|eval)\}`[^`]+`")
-EVAL = re.compile(r"\{eval\}`([^`]+)`")
-RECORD = "application/papermill.record/"
 
 
 def main_path(md: str) -> str:
@@ -58,17 +58,6 @@ def markdown(nb: dict) -> list:
     return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
 
 
-def glued(nb: dict) -> dict:
-    """{name: text/plain} of every value the stored run glued."""
-    values = {}
-    for cell in nb["cells"]:
-        for out in cell.get("outputs", []):
-            name = out.get("metadata", {}).get("scrapbook", {}).get("name")
-            if name:
-                values[name] = "".join(out["data"].get(RECORD + "text/plain", ""))
-    return values
-
-
 def frame(path: Path) -> dict:
     nb = json.loads(path.read_text())
     cells = markdown(nb)
@@ -101,7 +90,7 @@ def test_main_path_keeps_its_budget_and_has_every_box(path):
 @pytest.mark.parametrize("path", ON_FRAME, ids=lambda p: p.stem)
 def test_prose_numbers_are_short_phrases_and_read_in_jupyterlab(path):
     nb = json.loads(path.read_text())
-    values = glued(nb)
+    values = {k: "".join(v.get("text/plain", "")) for k, v in glued(nb).items()}
     long = {k: v for k, v in values.items() if len(v.strip("'\"")) > PHRASE or re.search(r"[.;:] [a-z]", v)}
     assert not long, f"glued values that are sentences, not phrases: {long}"
     for cell in nb["cells"]:
@@ -109,7 +98,7 @@ def test_prose_numbers_are_short_phrases_and_read_in_jupyterlab(path):
             continue
         source = "".join(cell["source"])
         assert "{glue" not in source, "a {glue} role shows as markup in JupyterLab: use {eval} (lib.prose)"
-        names = list(dict.fromkeys(EVAL.findall(source)))
+        names = shown(source)
         stored = {e["expression"]: e["result"]["data"]["text/plain"] for e in cell["metadata"].get("user_expressions", [])}
         assert stored == {n: values.get(n) for n in names}, \
             f"stored prose values differ from the run's (re-run scripts/execute_chapters.py): {source[:80]!r}"

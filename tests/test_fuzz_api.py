@@ -923,11 +923,12 @@ EXEMPT = {
         "matmul_gflops", "memory_gbps", "stepper", "step_counts", "numpy_calls_per_step")},
     **{f"costmodel.{n}": MEASURES + " (lib.costmodel is being reworked beside this test)" for n in (
         "Machine", "Machine.bandwidth", "Machine.rate", "Machine.element", "Machine.card", "Prediction", "cache_sizes",
-        "calibrate", "measure", "card_key", "card_path", "describe", "working_set", "predict", "Predictions", "Predictions.add", "Predictions.errors",
+        "calibrate", "measure", "card_key", "card_path", "load_card", "describe", "working_set", "predict", "Predictions", "Predictions.add", "Predictions.errors",
         "Predictions.report", "plain_builder", "lean_builder", "predict_calls", "Accelerator", "predict_decode",
         "h100_line")},
     "bench.run": "the benchmark report, python -m lib.bench",
-    "prose.prose": "glues a chapter's prose numbers (myst-nb) and binds them in its kernel; tests/test_frame.py checks what it stores",
+    **{f"prose.{n}": "a chapter's prose numbers (glued in its kernel, read back from its stored run); "
+       "tests/test_frame.py runs them on every chapter" for n in ("prose", "glued", "shown")},
     **{f"cachebytes.{n}": MEASURES + " (where a quantized cache pays; tests/test_quant_attention.py)" for n in (
         "filled_pool", "filled_pools", "standin", "stepper", "kernel_seconds_per_value", "cache_bytes", "predict_other_work", "predict_attention", "sweep")},
     **{f"sweep.{n}": MEASURES + " (the k-sweep; tests/test_sweep.py)" for n in (
