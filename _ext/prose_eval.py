@@ -1,6 +1,6 @@
 """The book's prose numbers: {eval}`name` rendered from the notebook's glue data.
 
-Chapters write a measured number in their markdown as {eval}`name` (see `lib/prose.py`), which
+Chapters write a measured number in their markdown as {eval}`name` (see `lib/book/prose.py`), which
 jupyterlab-myst evaluates in a live kernel. The book is built with myst-nb's standard execution,
 which has no kernel left when a page renders, so here the role reads the value glued under the
 same name, exactly as `{glue:text}` would; a name never glued fails the build.

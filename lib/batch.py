@@ -17,11 +17,12 @@ import math
 
 import numpy as np
 
-from .config import is_int
-from .lean import GELU_S, LeanModel, cached_step
-from .model import GELU_C, LN_EPS, check_cache, check_tokens, head, layer_norm, mlp
-from .paged import PagedKVCache, PagedSequence
-from .paged_kernel import attend_paged
+from lib.lean import GELU_S, LeanModel
+from lib.model import cached_step
+from lib.model import GELU_C, LN_EPS, head, layer_norm, mlp
+from lib.checks import check_cache, check_tokens
+from lib.cache.paged import PagedSequence
+from lib.cache.paged_kernel import attend_paged
 
 
 class _Plain:
@@ -246,7 +247,7 @@ class BatchedModel:
             if not isinstance(value, (list, tuple)):
                 raise TypeError(f"{name} must be a list, one entry per sequence, got {type(value).__name__}")
         if not all(callable(getattr(s, "feed", None)) for s in seqs):
-            raise TypeError(f"seqs must be paged sequences (lib.paged.PagedSequence), got {[type(s).__name__ for s in seqs]}")
+            raise TypeError(f"seqs must be paged sequences (lib.cache.paged.PagedSequence), got {[type(s).__name__ for s in seqs]}")
         if len(new_tokens) != len(seqs):
             raise ValueError(f"a batch needs one token list per sequence: got {len(new_tokens)} and {len(seqs)}")
 
@@ -255,23 +256,3 @@ class BatchedModel:
                 return self.step(new_tokens, seqs)
             return seqs[b].feed(new_tokens[b], lambda tokens, cache: nest(b + 1))
         return nest(0)
-
-
-def batch_stepper(batched: BatchedModel, positions, block_size: int = 16, n_tokens: int = 1):
-    """A function that runs one batched step for sequences with `positions` cached tokens, each
-    fed `n_tokens` new ones (1: decode; more: a prompt's chunk), in one paged pool, then drops the
-    new tokens again: ready to time, like lib.timing.stepper."""
-    cfg, positions = batched.cfg, [int(p) for p in positions]
-    if not is_int(n_tokens) or n_tokens < 1:
-        raise ValueError(f"n_tokens must be a positive integer, got {n_tokens!r}")
-    pool = PagedKVCache(cfg, sum(-(-(p + n_tokens) // block_size) for p in positions), block_size, prefix_caching=False)
-    prompts = [np.arange(p) % cfg.vocab_size for p in positions]
-    seqs = [pool.add(b, p) for b, p in enumerate(prompts)]
-    batched.feed(seqs, prompts)
-    new = [[1] * n_tokens] * len(seqs)
-
-    def call():
-        batched.feed(seqs, new)
-        for seq, p in zip(seqs, positions):
-            seq.truncate(p)
-    return call

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import is_int
-from .tokenizer import VOCAB, decode, encode
+from lib.config import is_int
+from lib.tokenizer import VOCAB, decode, encode
 
 MODULES = tuple("""
 abc ast base64 bdb bisect bz2 cProfile calendar cmd code codecs codeop colorsys compileall

@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from .config import ModelConfig
-from .model import check_params
+from lib.config import ModelConfig
+from lib.checks import check_params
 
 
 def mean_pool_kv(params: dict, cfg: ModelConfig, n_kv_head: int):

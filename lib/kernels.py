@@ -21,8 +21,8 @@ numpy's products when it is built (`fastest_products`) and uses whichever is fas
 import numpy as np
 from numba import njit
 
-from .config import is_int
-from .timing import median_time
+from lib.config import is_int
+from lib.timing import median_time
 
 MAX_ROWS = 9  # the kernel is considered for 1..MAX_ROWS rows (k = 8 verifies 9)
 

@@ -36,11 +36,12 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from .timing import single_thread
-from .config import ModelConfig
-from .kernels import MAX_ROWS, candidates, fastest_products
-from .kv_cache import KVCache
-from .model import GELU_C, LN_EPS, check_cache, check_params, check_tokens, forward_cached
+from lib.timing import single_thread
+from lib.config import ModelConfig
+from lib.kernels import MAX_ROWS, candidates, fastest_products
+from lib.cache.kv_cache import KVCache
+from lib.model import GELU_C, LN_EPS
+from lib.checks import check_cache, check_params, check_tokens
 
 GELU_S = (GELU_C * 0.044715) ** (1 / 3)  # h' = GELU_S * h makes the cubic coefficient 1
 SUM_MIN = 2.0 ** -100  # a row sum below this could lose precision to underflowed exponentials
@@ -213,7 +214,7 @@ def _heads(qkv, T, C, KV, Hkv, G, D):
 
 class _Buffers:
     """Preallocated arrays for up to `rows` new tokens; `like` keeps the weights' array type, so
-    lib.timing.count_ops also sees calls on the buffers."""
+    lib.measure.counting.count_ops also sees calls on the buffers."""
 
     def __init__(self, like, rows, cfg: ModelConfig, hidden: int):
         self.rows, self.C, self.G, self.hidden = rows, cfg.n_embd, cfg.group_size, hidden
@@ -231,16 +232,3 @@ class _Buffers:
         C, xa, sq, ha = self.C, self.xa[:T], self.sq[:T], self.ha[:T]
         return SimpleNamespace(xa=xa, xn=xa[:, :C], sq=sq, sqn=sq[:, :C], var=self.var[:T],
                                ha=ha, hn=ha[:, :self.hidden], u=self.u[:T], sums=self.sums[:, :, :self.G * T])
-
-
-def cached_step(model):
-    """A model as (cfg, step): a (params, cfg) pair steps with the plain `forward_cached`; a
-    LeanModel, or any step object with a ModelConfig `cfg` (such as `lib.standins.StandInStep`),
-    with itself. step(new_tokens, cache) -> logits (T, V)."""
-    if isinstance(getattr(model, "cfg", None), ModelConfig) and callable(model):
-        return model.cfg, model
-    if not (isinstance(model, tuple) and len(model) == 2):
-        raise TypeError(f"a model is a (params, cfg) pair or a LeanModel, got {type(model).__name__}")
-    params, cfg = model
-    check_params(params, cfg)
-    return cfg, lambda tokens, cache: forward_cached(params, cfg, tokens, cache)

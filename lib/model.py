@@ -10,20 +10,34 @@ token, prefilling a prompt and verifying k draft tokens are the same call. Group
 attention (Ainslie et al. 2023) groups the query heads over shared K/V heads; K/V are never
 repeated.
 """
-import functools
 import json
 import math
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
-from .config import ModelConfig, is_int
-from .kv_cache import KVCache
+from lib.checks import check_cache, check_config, check_params, check_seed, check_tokens
+from lib.config import ModelConfig
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 GELU_C = math.sqrt(2.0 / math.pi)  # GPT-2's tanh approximation of GELU
 LN_EPS = 1e-5
 CONFIG_KEY = "__config__"  # the npz entry that holds the config the weights were saved for
+
+
+
+
+class KVStore(Protocol):
+    """What `forward_cached` needs of a cache (lib.cache.kv_cache.KVCache, a paged sequence, KIVI's
+    store): n positions held, room for more, and per-layer write/read, committed by advance."""
+    cfg: ModelConfig
+    n: int
+
+    def check_room(self, count: int) -> None: ...
+    def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None: ...
+    def read(self, layer: int, length: int) -> tuple: ...
+    def advance(self, count: int) -> None: ...
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -91,30 +105,6 @@ def head(params, x):
     return x @ params["lm_head.weight"].T  # (T, V)
 
 
-# ----------------------------------------------------------------------------- checks
-
-def check_tokens(tokens, cfg: ModelConfig, start: int = 0) -> np.ndarray:
-    """Validate a 1-D sequence of token ids placed at positions start.. ; return it as int64."""
-    if not isinstance(cfg, ModelConfig):
-        raise TypeError(f"cfg must be a lib.config.ModelConfig, got {type(cfg).__name__}")
-    if not is_int(start) or start < 0:
-        raise ValueError(f"start (the position of the first token) must be an integer >= 0, got {start!r}")
-    arr = np.asarray(tokens)
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"tokens must be a non-empty 1-D sequence of ids, got shape {arr.shape}")
-    if arr.dtype.kind not in "iu":
-        raise ValueError(f"tokens must be integer ids, got dtype {arr.dtype}")
-    ids = arr.astype(np.int64, copy=False)
-    if ids.view(np.uint64).max() >= cfg.vocab_size:  # one test for both ends: negatives view as huge
-        pos = int(np.argmax((arr < 0) | (arr >= cfg.vocab_size)))
-        raise ValueError(f"token id {int(arr[pos])} at index {pos} is outside the vocabulary 0..{cfg.vocab_size - 1}")
-    if start + arr.size > cfg.block_size:
-        raise ValueError(
-            f"tokens at positions {start}..{start + arr.size - 1} go past the context: the model has "
-            f"{cfg.block_size} learned positions (block_size)")
-    return ids
-
-
 # ----------------------------------------------------------------------------- forward passes
 
 def forward(params, cfg: ModelConfig, tokens) -> np.ndarray:
@@ -132,38 +122,7 @@ def forward(params, cfg: ModelConfig, tokens) -> np.ndarray:
     return head(params, x)  # (T, V)
 
 
-@functools.lru_cache(maxsize=64)
-def _shapes(cfg: ModelConfig) -> tuple:
-    return tuple(cfg.parameter_shapes().items())
-
-
-def check_params(params, cfg: ModelConfig) -> None:
-    """params hold every tensor of cfg's shape (the GPT-2 checkpoint keys), as float arrays."""
-    if not isinstance(cfg, ModelConfig):
-        raise TypeError(f"cfg must be a lib.config.ModelConfig, got {type(cfg).__name__} (a (params, cfg) pair reversed?)")
-    if not isinstance(params, dict):
-        raise TypeError(f"params must be a dict of arrays keyed like the GPT-2 checkpoint, got {type(params).__name__}")
-    for key, shape in _shapes(cfg):
-        value = params.get(key)
-        if getattr(value, "shape", None) != shape or value.dtype.kind != "f":
-            found = "missing" if value is None else f"{getattr(value, 'dtype', type(value).__name__)} {getattr(value, 'shape', '')}"
-            raise ValueError(f"params[{key!r}] is {found}, but the config {cfg} needs float {shape}")
-
-
-def check_cache(cache, cfg: ModelConfig) -> None:
-    """A cache (KVCache or PagedSequence) holds K/V of this config's shape: layers, K/V heads, head size."""
-    made = getattr(cache, "cfg", None)
-    if made is cfg and isinstance(cfg, ModelConfig):
-        return
-    if not isinstance(cfg, ModelConfig):
-        raise TypeError(f"cfg must be a lib.config.ModelConfig, got {type(cfg).__name__}")
-    if not isinstance(made, ModelConfig):
-        raise TypeError(f"expected a KV cache (lib.kv_cache.KVCache or a paged sequence), got {type(cache).__name__}")
-    if (made.n_layer, made.n_kv_head, made.head_dim) != (cfg.n_layer, cfg.n_kv_head, cfg.head_dim):
-        raise ValueError(f"this KV cache was made for {made}, not for {cfg}")
-
-
-def forward_cached(params, cfg: ModelConfig, new_tokens, cache: KVCache) -> np.ndarray:
+def forward_cached(params, cfg: ModelConfig, new_tokens, cache: KVStore) -> np.ndarray:
     """Append new tokens at positions cache.n.. and return their logits (T, V).
 
     Everything is checked before the cache is touched, so a bad call leaves it as it was.
@@ -188,14 +147,25 @@ def forward_cached(params, cfg: ModelConfig, new_tokens, cache: KVCache) -> np.n
     return head(params, x)  # (T, V)
 
 
+def cached_step(model):
+    """A model as (cfg, step): a (params, cfg) pair steps with the plain `forward_cached`; a
+    LeanModel, or any step object with a ModelConfig `cfg` (such as `lib.measure.standins.StandInStep`),
+    with itself. step(new_tokens, cache) -> logits (T, V)."""
+    if isinstance(getattr(model, "cfg", None), ModelConfig) and callable(model):
+        return model.cfg, model
+    if not (isinstance(model, tuple) and len(model) == 2):
+        raise TypeError(f"a model is a (params, cfg) pair or a LeanModel, got {type(model).__name__}")
+    params, cfg = model
+    check_params(params, cfg)
+    return cfg, lambda tokens, cache: forward_cached(params, cfg, tokens, cache)
+
+
 # ----------------------------------------------------------------------------- parameters
 
 def init_params(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> dict:
     """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer)."""
-    if not isinstance(cfg, ModelConfig):
-        raise TypeError(f"cfg must be a lib.config.ModelConfig, got {type(cfg).__name__}")
-    if not is_int(seed) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    check_config(cfg)
+    check_seed(seed)
     try:
         floating = dtype is not None and np.dtype(dtype).kind == "f"  # np.dtype(None) would be float64
     except TypeError:

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import ModelConfig, is_int
-from .generate import check_request
-from .kv_cache import KVCache
-from .lean import cached_step
-from .model import check_cache, check_tokens
-from .sampling import check_probs, check_rng, check_seed, draw, probs_from_logits
+from lib.cache.kv_cache import KVCache
+from lib.checks import check_cache, check_probs, check_rng, check_seed, check_tokens
+from lib.config import ModelConfig, is_int
+from lib.generation import check_request
+from lib.model import cached_step
+from lib.sampling import draw, probs_from_logits
 
 
 def check_pq(p, q):
@@ -31,7 +31,10 @@ def check_pq(p, q):
 
 def residual(p, q) -> np.ndarray:
     """norm(max(0, p - q)): where to draw from after a rejection (p if p == q)."""
-    p, q = check_pq(p, q)
+    return _residual(*check_pq(p, q))
+
+
+def _residual(p, q) -> np.ndarray:
     r = np.maximum(p - q, 0.0)  # (V,)
     total = r.sum()
     return r / total if total > 0 else p
@@ -55,7 +58,19 @@ def accept_or_resample(p, q, x: int, rng: np.random.Generator):
         raise ValueError(f"x must be a token the draft could draw: an integer in 0..{q.size - 1} with q[x] > 0, got {x!r}")
     if check_rng(rng).random() < min(1.0, p[x] / q[x]):
         return True, x
-    return False, draw(residual(p, q), rng)
+    return False, draw(_residual(p, q), rng)
+
+
+def verify(ps, qs, drafted, temperature: float, rng: np.random.Generator):
+    """One round of Leviathan et al.'s rule, for distributions this engine computed: accept drafted
+    tokens while the target agrees (`accept_or_resample` without its checks), then one token, from
+    the residual at the first rejection or, if every one was accepted, from the target's next row.
+    ps: (k + 1, V) the target's; qs: k draft distributions (V,). Returns (tokens accepted, next token)."""
+    for i, x in enumerate(drafted):
+        if rng.random() >= min(1.0, ps[i][x] / qs[i][x]):
+            return i, draw(_residual(ps[i], qs[i]), rng)
+    last = ps[len(drafted)]  # (V,)
+    return len(drafted), draw(last, rng) if temperature > 0 else int(np.argmax(last))
 
 
 @dataclass
@@ -217,17 +232,11 @@ def speculative_generate(target, draft, prompt, n_new: int, k: int = 4, temperat
         ps = probs_from_logits(logits[-(k_round + 1):], temperature)  # (k_round + 1, V)
         pending = []
         stats.target_calls += 1
-        n_ok, nxt = 0, None
-        for i, x in enumerate(drafted):
+        n_ok, nxt = verify(ps, qs, drafted, temperature, rng)
+        for i in range(min(n_ok + 1, k_round)):
             stats.judged_at[i] += 1
-            ok, tok = accept_or_resample(ps[i], qs[i], x, rng)
-            if not ok:
-                nxt = tok
-                break
+        for i in range(n_ok):
             stats.accepted_at[i] += 1
-            n_ok += 1
-        if nxt is None:  # every draft token accepted: a bonus token from the last target position
-            nxt = draw(ps[k_round], rng) if temperature > 0 else int(np.argmax(ps[k_round]))
         for i in range(k_round):
             stats.drafted_at[i] += 1
         stats.rounds += 1

@@ -17,10 +17,10 @@ import time
 import numpy as np
 from tqdm.auto import tqdm
 
-from .config import DRAFT, TARGET, ModelConfig
-from .corpus import load_corpus
-from .gqa import mean_pool_kv
-from .model import GELU_C, LN_EPS, init_params, load, save
+from lib.config import DRAFT, TARGET, ModelConfig
+from lib.corpus import load_corpus
+from lib.gqa import mean_pool_kv
+from lib.model import GELU_C, LN_EPS, init_params, load, save
 
 PRESETS = {"target": TARGET, "draft": DRAFT}
 UPTRAINED = {"target-kv2": 2, "target-kv1": 1}  # name -> K/V heads, converted from the shipped target

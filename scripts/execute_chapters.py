@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from lib.prose import glued, shown
+from lib.book.prose import glued, shown
 
 
 def store_prose(nb) -> int:

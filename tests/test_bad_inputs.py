@@ -8,18 +8,20 @@ import warnings
 import numpy as np
 import pytest
 
-from lib import memory, quant, stats, tokenizer
-from lib.config import DRAFT, TARGET, ModelConfig
+from lib import tokenizer
+from lib.cache import memory, quant
+from lib.measure import stats
+from lib.config import DRAFT, ModelConfig
 from lib.gqa import mean_pool_kv
-from lib.generate import complete, generate
-from lib.kv_cache import KVCache
+from lib.generation import complete, generate
+from lib.cache.kv_cache import KVCache
 from lib.lean import LeanModel
 from lib.model import forward, forward_cached, load, save
-from lib.paged import BlockManager, PagedKVCache
+from lib.cache.paged import BlockManager, PagedKVCache
 from lib.sampling import probs_from_logits, sample
 from lib.speculative import (PromptLookup, accept_or_resample, expected_speedup, expected_tokens_per_call, residual,
                              speculative_generate, step_distribution)
-from lib.widgets import slider_plot
+from lib.book.widgets import slider_plot
 
 from conftest import GQA, perturbed_params, pool_state
 

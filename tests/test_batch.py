@@ -6,10 +6,10 @@ from hypothesis import given, settings, strategies as st
 
 from lib.batch import BatchedModel
 from lib.config import TARGET
-from lib.kv_cache import KVCache
+from lib.cache.kv_cache import KVCache
 from lib.lean import LeanModel
 from lib.model import forward
-from lib.paged import PagedKVCache
+from lib.cache.paged import PagedKVCache
 
 from conftest import GQA, MQA, perturbed_params
 
@@ -52,7 +52,7 @@ def test_batch_equals_each_sequence_alone(name, path, kind, data):
 
 def test_trained_model_batch_gives_the_same_greedy_tokens():
     """The shipped target: 8 sequences at different positions decode the tokens each gets alone."""
-    from lib.generate import generate
+    from lib.generation import generate
     from lib.model import load
     params, cfg = load("target")
     lean = LeanModel(params, cfg)

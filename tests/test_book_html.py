@@ -18,7 +18,7 @@ CSS_EXTERNAL = re.compile(r"""url\(\s*["']?((?:https?:)?//[^)"']+)""", re.I)
 
 SLIDER_CELL = '''
 import matplotlib.pyplot as plt
-from lib.widgets import slider_plot
+from lib.book.widgets import slider_plot
 
 def figure(k):
     fig, ax = plt.subplots(figsize=(4, 3))

@@ -2,12 +2,11 @@
 given; interpolation stays between the measured points; the GPU formula is the roofline's."""
 import math
 
-import numpy as np
 import pytest
 
-from lib.costmodel import H100_SXM, Accelerator, Machine, cache_sizes, measure, predict, predict_decode
-from lib.memory import from_hf_config
-from lib.timing import Op, single_thread
+from lib.measure.costmodel import H100_SXM, Accelerator, Machine, cache_sizes, measure, predict, predict_decode
+from lib.cache.memory import from_hf_config
+from lib.measure.counting import Op
 
 LEVELS = (256 * 2**10, 16 * 2**20, 256 * 2**20)
 MACHINE = Machine(
@@ -77,7 +76,7 @@ def test_calibration_gives_finite_positive_constants():
 
 
 def test_the_card_is_measured_once_kept_and_measured_again_when_its_key_changes(tmp_path, monkeypatch):
-    from lib import costmodel
+    from lib.measure import costmodel
     monkeypatch.setattr(costmodel, "CARD_DIR", tmp_path)
     measured = []
     monkeypatch.setattr(costmodel, "measure", lambda: measured.append(1) or MACHINE)

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from lib.config import DRAFT, ModelConfig
-from lib.generate import generate
-from lib.kv_cache import KVCache
+from lib.generation import generate
+from lib.cache.kv_cache import KVCache
 from lib.model import forward, forward_cached, load, save
 from lib.sampling import probs_from_logits, sample
 

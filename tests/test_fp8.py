@@ -1,9 +1,9 @@
-"""fp8 e4m3 storage (lib.quant.fp8_encode / fp8_decode): exact rounding to the format, as vLLM stores its fp8 KV cache."""
+"""fp8 e4m3 storage (lib.cache.quant.fp8_encode / fp8_decode): exact rounding to the format, as vLLM stores its fp8 KV cache."""
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from lib.quant import E4M3, QMAX, dequantize, fp8_decode, fp8_encode, quantize
+from lib.cache.quant import E4M3, QMAX, dequantize, fp8_decode, fp8_encode, quantize
 
 SIGNED = np.concatenate([E4M3, -E4M3])  # (254,) every finite value
 SIGNED_CODES = np.concatenate([np.arange(127), np.arange(127) | 0x80]).astype(np.uint8)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lib.prose import glued, shown
+from lib.book.prose import glued, shown
 
 BOOK = Path(__file__).resolve().parent.parent / "book"
 CHAPTERS = sorted(BOOK.glob("[0-9][0-9]_*.ipynb"))
@@ -97,7 +97,7 @@ def test_prose_numbers_are_short_phrases_and_read_in_jupyterlab(path):
         if cell["cell_type"] != "markdown":
             continue
         source = "".join(cell["source"])
-        assert "{glue" not in source, "a {glue} role shows as markup in JupyterLab: use {eval} (lib.prose)"
+        assert "{glue" not in source, "a {glue} role shows as markup in JupyterLab: use {eval} (lib.book.prose)"
         names = shown(source)
         stored = {e["expression"]: e["result"]["data"]["text/plain"] for e in cell["metadata"].get("user_expressions", [])}
         assert stored == {n: values.get(n) for n in names}, \

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 
 from lib.config import DRAFT, TARGET
-from lib.generate import complete, generate
+from lib.generation import complete, generate
 from lib.sampling import probs_from_logits, sample
-from lib.stats import chi_square_pvalue, tvd, tvd_noise_floor
+from lib.measure.stats import chi_square_pvalue, tvd, tvd_noise_floor
 
 from conftest import perturbed_params
 

@@ -1,4 +1,4 @@
-"""KIVI's cache (lib.kivi): keys per channel in groups, values per token, the last tokens in full
+"""KIVI's cache (lib.cache.kivi): keys per channel in groups, values per token, the last tokens in full
 precision. Reads equal a direct computation of the scheme; with everything inside the
 full-precision window the model's logits equal the float32 cache's; truncation never changes what
 a read returns; a rerun of a step's write is the same as one write."""
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from lib import kivi
-from lib.kv_cache import KVCache
+from lib.cache import kivi
+from lib.cache.kv_cache import KVCache
 from lib.lean import LeanModel
 from lib.model import forward_cached
 

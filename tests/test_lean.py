@@ -5,13 +5,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from lib.timing import numpy_calls_per_step
+from lib.measure.counting import numpy_calls_per_step
 from lib.config import TARGET
-from lib.generate import generate
-from lib.kv_cache import KVCache
-from lib.lean import LeanModel, cached_step
+from lib.generation import generate
+from lib.cache.kv_cache import KVCache
+from lib.lean import LeanModel
+from lib.model import cached_step
 from lib.model import forward, forward_cached, load
-from lib.paged import PagedKVCache
+from lib.cache.paged import PagedKVCache
 from lib.speculative import speculative_generate
 from lib.tokenizer import encode
 

@@ -2,7 +2,7 @@
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from lib.machine import describe, setup
+from lib.measure.machine import describe, setup
 
 
 def test_setup_leaves_one_blas_thread_and_says_so():

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from lib.config import DRAFT, TARGET, ModelConfig
-from lib.kv_cache import KVCache
-from lib.memory import H100, LLAMA_2_7B, LLAMA_3_8B, REAL_MODELS, GPU, kv_budget, from_hf_config, from_model_config, step_seconds
+from lib.cache.kv_cache import KVCache
+from lib.cache.memory import H100, LLAMA_2_7B, LLAMA_3_8B, REAL_MODELS, GPU, kv_budget, from_hf_config, from_model_config, step_seconds
 
 GIB, KIB = 2**30, 2**10
 

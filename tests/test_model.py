@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from lib.config import DRAFT, TARGET, ModelConfig
-from lib.kv_cache import KVCache
+from lib.cache.kv_cache import KVCache
 from lib.model import attention, forward, forward_cached, init_params
 
 from conftest import GQA, MQA, perturbed_params

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from lib.config import TARGET
-from lib.kv_cache import KVCache
+from lib.cache.kv_cache import KVCache
 from lib.model import forward, forward_cached
-from lib.paged import BlockManager, PagedKVCache
+from lib.cache.paged import BlockManager, PagedKVCache
 
 from conftest import GQA, perturbed_params
 

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from lib.generate import generate
-from lib.kv_cache import KVCache
+from lib.generation import generate
+from lib.cache.kv_cache import KVCache
 from lib.lean import LeanModel
 from lib.model import forward, forward_cached, load
-from lib.paged import PagedKVCache
+from lib.cache.paged import PagedKVCache
 from lib.speculative import speculative_generate
 from lib.tokenizer import encode
 

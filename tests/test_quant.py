@@ -5,9 +5,9 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
 from lib.config import TARGET
-from lib.kv_cache import KVCache
+from lib.cache.kv_cache import KVCache
 from lib.model import forward, forward_cached
-from lib.quant import QMAX, calibrate, dequantize, position_scales, quantize, smallest_coded, fp8_decode, fp8_encode
+from lib.cache.quant import calibrate, dequantize, position_scales, quantize, smallest_coded, fp8_decode, fp8_encode
 
 from conftest import perturbed_params
 

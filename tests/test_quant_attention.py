@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from lib import quant
+from lib.cache import quant
 from lib.batch import BatchedModel
-from lib.paged_kernel import attend_paged
-from lib.kv_cache import DTYPES
+from lib.cache.paged_kernel import attend_paged
+from lib.cache.kv_cache import DTYPES
 from lib.lean import LeanModel
-from lib.model import attention, forward_cached
-from lib.paged import PagedKVCache
+from lib.model import attention
+from lib.cache.paged import PagedKVCache
 
 from conftest import GQA, perturbed_params
 
@@ -63,10 +63,11 @@ def test_batched_step_on_a_quantized_pool_equals_each_sequence_alone(kind, granu
 
 
 def test_filled_pools_hold_the_positions_asked_for_in_fewer_bytes():
-    """lib.cachebytes' fixtures: every sequence holds `context` written positions, each storage form's
+    """lib.measure.cachebytes' fixtures: every sequence holds `context` written positions, each storage form's
     cache bytes are its codes and scales (int8 about a quarter of float32, int4 an eighth, plus scales),
     and a timed step leaves the sequences as they were."""
-    from lib.cachebytes import cache_bytes, filled_pool, stepper
+    from lib.measure.cachebytes import cache_bytes, filled_pool
+    from lib.measure.counting import pool_call
     B, L = 3, 10
     sizes = {}
     for kind in DTYPES:
@@ -78,14 +79,14 @@ def test_filled_pools_hold_the_positions_asked_for_in_fewer_bytes():
     scales = B * L * 2 * GQA.n_layer * GQA.n_kv_head * 4  # one float32 scale per head and position, K and V
     assert sizes["int8"] == per_value + scales and sizes["fp8"] == per_value + scales
     assert sizes["int4"] == per_value // 2 + scales
-    stepper(LeanModel(PARAMS, GQA), seqs)()
+    pool_call(LeanModel(PARAMS, GQA), seqs)()
     assert [s.n for s in seqs] == [L] * B
 
 
 def test_filled_pools_hold_the_same_values_in_every_form():
     """filled_pools draws K/V once: each pool, read back as float32, holds the float32 pool's
     values to its own rounding."""
-    from lib.cachebytes import filled_pools
+    from lib.measure.cachebytes import filled_pools
     pools = filled_pools(GQA, DTYPES, 2, 9, block_size=4)
     exact = [pools["float32"][0].load(layer, s.block_table, 9) for layer in range(GQA.n_layer)
              for s in pools["float32"][1]]
@@ -101,7 +102,7 @@ def test_filled_pools_hold_the_same_values_in_every_form():
 def test_the_kernels_exponential_is_float32_exact_to_a_few_ulp(x):
     """The softmax's polynomial exponential against numpy's, for every score minus its row's
     maximum (x <= 0); below -87 it stays at e^-87, where weights are far below float32's rounding."""
-    from lib.paged_kernel import exp_nonpositive
+    from lib.cache.paged_kernel import exp_nonpositive
     got = exp_nonpositive(np.float32(x))
     expected = np.exp(np.float64(max(x, -87.0)))
     assert abs(got - expected) <= 4 * np.spacing(np.float32(expected))

@@ -5,13 +5,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from lib.generate import generate
+from lib.generation import generate
 from lib.lean import LeanModel
 from lib.model import load
-from lib.batch import BatchedModel, batch_stepper
+from lib.batch import BatchedModel
+from lib.measure.counting import batched_call
 from lib.timing import single_thread
-from lib.clocks import StandInClock, FittedClock, crossing, crossover_rate, fit_clock, steady_state
-from lib.serving import LADDER, Request, make_trace, serve
+from lib.measure.clocks import StandInClock, FittedClock, crossing, crossover_rate, fit_clock, steady_state
+from lib.serve import LADDER, Policy, Request, make_trace, serve
 
 PARAMS, CFG = load("target")
 LEAN = LeanModel(PARAMS, CFG)
@@ -51,8 +52,8 @@ def test_tiny_pools_and_bursty_traces(num_blocks, block_size, burstiness, n, see
     trace = make_trace(n, rate=500.0, seed=seed, burstiness=burstiness, prompt_len=(1, 12), n_new=(1, 10),
                        system=np.arange(6) * 7 % CFG.vocab_size if system else ())
     reserve = "max" if policy == "static" else reserve
-    report = serve(LEAN, trace, num_blocks, block_size, policy, max_batch, prefix, watermark=watermark,
-                   token_budget=budget, cost=COST, reserve=reserve, mixed=mixed, window=2e-3, max_tokens=10,
+    rung = Policy(policy, reserve, mixed, prefix, budget, max_batch, watermark)
+    report = serve(LEAN, trace, num_blocks, rung, block_size, cost=COST, window=2e-3, max_tokens=10,
                    draft=DRAFT if speculate else None, draft_cost=DRAFT_COST if speculate else None, k=3)
     check_report(report, trace)
     for out in report.outcomes:
@@ -89,8 +90,8 @@ def test_preemption_recomputes_and_changes_nothing():
 def test_shared_system_prompt_is_computed_once_per_residency():
     system = np.arange(64) * 5 % CFG.vocab_size
     trace = make_trace(8, rate=1e6, seed=1, prompt_len=(8, 16), n_new=(4, 8), system=system)
-    shared = serve(LEAN, trace, num_blocks=64, block_size=16, prefix_caching=True, cost=COST)
-    alone = serve(LEAN, trace, num_blocks=64, block_size=16, prefix_caching=False, cost=COST)
+    shared = serve(LEAN, trace, num_blocks=64, policy=Policy(prefix_caching=True), block_size=16, cost=COST)
+    alone = serve(LEAN, trace, num_blocks=64, policy=Policy(prefix_caching=False), block_size=16, cost=COST)
     assert shared.peak_blocks < alone.peak_blocks
     assert alone.prefilled == sum(len(r.prompt) for r in trace) > shared.prefilled
     check_report(shared, trace)
@@ -107,21 +108,31 @@ def test_temperature_sampling_matches_each_request_sampled_alone():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"policy": "fifo"}, "policy must be"),
-    ({"max_batch": 0}, "max_batch must be"),
     ({"temperature": -1.0}, "temperature must be"),
     ({"num_blocks": 0}, "num_blocks must be"),
-    ({"watermark": 1.0}, "watermark must be"),
-    ({"token_budget": 0}, "token_budget must be"),
-    ({"policy": "static", "reserve": "paged"}, "reserve must be"),
     ({"max_tokens": 1}, "max_tokens must be"),
     ({"k": 0}, "k must be"),
+    ({"window": -1.0}, "window must be"),
     ({"draft": DRAFT, "cost": COST}, "cost and draft_cost go together"),
 ])
 def test_bad_settings_are_refused(kwargs, message):
     args = {"num_blocks": 8, **kwargs}
     with pytest.raises(ValueError, match=message):
         serve(LEAN, make_trace(2, 10.0), **args)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"batching": "fifo"}, "batching must be"),
+    ({"max_batch": 0}, "max_batch must be"),
+    ({"watermark": 1.0}, "watermark must be"),
+    ({"token_budget": 0}, "token_budget must be"),
+    ({"batching": "static", "reserve": "paged"}, "reserve must be"),
+])
+def test_bad_policies_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Policy(**kwargs)
+    with pytest.raises(TypeError, match="policy must be a lib.serve.Policy"):
+        serve(LEAN, make_trace(2, 10.0), 8, policy=dict(kwargs))
 
 
 def test_bad_requests_are_refused():
@@ -167,7 +178,7 @@ def test_steady_state_is_littles_law_over_a_poisson_batch():
 @pytest.mark.parametrize("name", list(LADDER))
 def test_every_rung_of_the_ladder_serves_exactly(name):
     trace = make_trace(10, rate=300.0, seed=4, prompt_len=(8, 40), n_new=(4, 30), system=np.arange(20) % 90)
-    report = serve(LEAN, trace, 24, cost=COST, max_tokens=30, window=5e-3, **LADDER[name])
+    report = serve(LEAN, trace, 24, LADDER[name], cost=COST, max_tokens=30, window=5e-3)
     check_report(report, trace)
     assert report.summary()["completed"] == 10
 
@@ -233,10 +244,10 @@ def test_fit_step_cost_needs_a_position_per_sequence():
         fit_clock(LEAN, [16, 32], sizes=(1, 4))
 
 
-def test_batch_stepper_feeds_chunks_and_leaves_the_pool_as_it_was():
+def test_batched_call_feeds_chunks_and_leaves_the_pool_as_it_was():
     engine = BatchedModel(LEAN)
-    call = batch_stepper(engine, [20, 40], n_tokens=8)
+    call = batched_call(engine, [20, 40], n_tokens=8)
     for _ in range(3):
         call()  # would run out of the pool's blocks if the chunks were kept
     with pytest.raises(ValueError, match="n_tokens"):
-        batch_stepper(engine, [20], n_tokens=0)
+        batched_call(engine, [20], n_tokens=0)

@@ -6,13 +6,13 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
 from lib.config import DRAFT, TARGET, ModelConfig
-from lib.generate import generate
+from lib.generation import generate
 from lib.model import forward
 from lib.sampling import probs_from_logits
 from lib.speculative import (PromptLookup, expected_speedup, expected_tokens_per_call,
                              speculative_generate, step_distribution)
 
-from lib.stats import chi_square_pvalue
+from lib.measure.stats import chi_square_pvalue
 
 from conftest import perturbed_params
 

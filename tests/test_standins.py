@@ -4,12 +4,12 @@ import pytest
 
 from lib.corpus import held_out_prompts
 from lib.config import ModelConfig
-from lib.generate import generate
-from lib.kv_cache import KVCache
+from lib.generation import generate
+from lib.cache.kv_cache import KVCache
 from lib.lean import LeanModel
 from lib.model import forward, load
 from lib.speculative import speculative_generate
-from lib.standins import STANDINS, StandInStep, standin, standin_params, weight_bytes
+from lib.measure.standins import STANDINS, StandInStep, standin, standin_params, weight_bytes
 
 SMALL = ModelConfig(n_layer=2, n_head=6, n_kv_head=3, n_embd=48)  # a shape unlike the trained models'
 

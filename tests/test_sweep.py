@@ -7,7 +7,7 @@ from lib.corpus import held_out_prompts
 from lib.lean import LeanModel
 from lib.model import load
 from lib.speculative import speculative_generate
-from lib.sweep import call_costs, merged, predictions, sweep, tokens_per_call_distribution, truncated_geometric
+from lib.measure.sweep import call_costs, merged, predictions, sweep, tokens_per_call_distribution, truncated_geometric
 
 
 @settings(max_examples=50, deadline=None)
@@ -48,7 +48,7 @@ def test_acceptance_on_text_is_the_mean_overlap_of_the_two_distributions():
     sum(min(p, q)) (at temperature 0, of argmax agreement), each window read as its own pass."""
     from lib.model import forward
     from lib.sampling import probs_from_logits
-    from lib.sweep import acceptance_on_text
+    from lib.measure.sweep import acceptance_on_text
     target, draft = load("target"), load("draft")
     text = np.arange(300) % target[1].vocab_size
     assert acceptance_on_text(target, target, text, (0.0, 0.7)) == pytest.approx({0.0: 1.0, 0.7: 1.0}, abs=1e-12)

@@ -1,9 +1,10 @@
 """The counters behind the book's FLOP and byte figures."""
 import numpy as np
 
-from lib.timing import count_ops, median_time, numpy_calls_per_step, step_counts
+from lib.timing import median_time
+from lib.measure.counting import count_ops, numpy_calls_per_step, step_counts
 from lib.config import TARGET
-from lib.kv_cache import KVCache
+from lib.cache.kv_cache import KVCache
 from lib.model import forward_cached
 
 from conftest import perturbed_params

@@ -5,8 +5,8 @@ import pytest
 
 from lib.config import ModelConfig
 from lib.corpus import MODULES, load_corpus
-from lib.model import forward, init_params
-from lib.train import held_out_windows, loss_and_grads, lr_at, train
+from lib.model import forward
+from lib.train import loss_and_grads, lr_at, train
 
 from conftest import perturbed_params
 

@@ -5,7 +5,7 @@ import pytest
 
 from lib.config import DRAFT, TARGET
 from lib.corpus import load_corpus
-from lib.generate import generate
+from lib.generation import generate
 from lib.model import load, load_metadata
 from lib.tokenizer import encode
 from lib.train import evaluate

@@ -2,7 +2,7 @@ import ipywidgets as W
 import matplotlib.pyplot as plt
 import pytest
 
-from lib.widgets import slider_plot
+from lib.book.widgets import slider_plot
 
 
 def figure(k):

@@ -1,4 +1,4 @@
-"""What a serving step costs: a clock for `lib.serving.serve`, fitted or measured on a stand-in.
+"""What a serving step costs: a clock for `lib.serve.serve`, fitted or measured on a stand-in.
 
 A scheduler's schedule depends on how long its steps take. `serve` can time each step as it
 runs (the measured clock); it can also ask a clock what a step costs, given its rows as
@@ -8,9 +8,9 @@ runs (the measured clock); it can also ask a clock what a step costs, given its 
   between measured n, plus a cost per further sequence. On it the same trace gives the same
   schedule in every run, so two policies compare the same way whatever else the machine does.
 - `StandInClock`, measured: every step the served model runs is run again, with the same rows at the
-  same cache lengths, on another model (a cost stand-in of realistic size, `lib.standins`),
+  same cache lengths, on another model (a cost stand-in of realistic size, `lib.measure.standins`),
   and timed. The served model still makes every decision (its tokens), as in
-  `lib.standins.StandInStep`; the times are those of the larger model.
+  `lib.measure.standins.StandInStep`; the times are those of the larger model.
 
 Decode of B sequences costs t(B) = t1(B) + (B - 1) x per_seq: one weight read shared by all rows
 (Pope et al. 2022, "Efficiently Scaling Transformer Inference"), B times the arithmetic, and each
@@ -22,10 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .batch import BatchedModel, batch_stepper
-from .config import is_int
-from .paged import PagedKVCache
-from .timing import median_time
+from lib.batch import BatchedModel
+from lib.measure.counting import batched_call
+from lib.config import is_int
+from lib.cache.paged import PagedKVCache
+from lib.timing import median_time
 
 
 def check_rows(rows) -> list:
@@ -83,8 +84,8 @@ def fit_clock(model, positions, sizes=(1, 2, 4, 8, 16, 32), chunks=(2, 4, 8, 16,
     engine = BatchedModel(model)
     time_of = lambda stepper: median_time(stepper, repeats=repeats, warmup=1)
     counts = sorted({1, *chunks, *sizes})
-    one = {n: time_of(batch_stepper(engine, positions[:1], n_tokens=n)) for n in counts}
-    many = {B: time_of(batch_stepper(engine, positions[:B])) for B in sizes if B > 1}
+    one = {n: time_of(batched_call(engine, positions[:1], n_tokens=n)) for n in counts}
+    many = {B: time_of(batched_call(engine, positions[:B])) for B in sizes if B > 1}
     extra = np.array([many[B] - one[B] for B in many])  # (sizes,)
     others = np.array([B - 1 for B in many], float)
     per_seq = float(extra @ others / (others @ others)) if len(many) else 0.0
@@ -95,7 +96,7 @@ def fit_clock(model, positions, sizes=(1, 2, 4, 8, 16, 32), chunks=(2, 4, 8, 16,
 
 class StandInClock:
     """The stand-in device for a batch, as a measured clock: each step is run on `model` (a stand-in)
-    with the same rows at the same cache lengths, and timed (`lib.standins.StandInStep` is the same
+    with the same rows at the same cache lengths, and timed (`lib.measure.standins.StandInStep` is the same
     device for one sequence; `FittedClock` is its clock fitted to a few measured steps). Its own pool holds num_blocks blocks of block_size positions; the
     K/V values it attends over are placeholders, which costs the same as real ones."""
 

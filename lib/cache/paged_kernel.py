@@ -32,7 +32,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from . import quant
+from lib.cache import quant
 
 LINE = 64  # bytes per cache line: one prefetch each
 
@@ -289,7 +289,7 @@ def paged_attention(form, q, k_pool, v_pool, k_scale, v_scale, unit, tables, seq
 
 
 def attend_paged(q, pool, layer, tables, seq, pos, scale):
-    """paged attention over one layer of `pool` (a lib.paged.PagedKVCache of any dtype): q (R, H, D) -> (R, H, D)."""
+    """paged attention over one layer of `pool` (a lib.cache.paged.PagedKVCache of any dtype): q (R, H, D) -> (R, H, D)."""
     form, unit, view = FORMS[pool.kind]
     k, v = (a if view is None else a.view(view) for a in (pool.k[layer], pool.v[layer]))
     out = np.empty(q.shape, np.float32)  # (R, H, D)

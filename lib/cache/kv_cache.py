@@ -4,13 +4,13 @@ Under the causal mask a token's keys and values never change once computed, so t
 stored and reused (Pope et al. 2022, "Efficiently Scaling Transformer Inference"). Storage is
 preallocated per layer as (n_kv_head, max_len, head_dim), like llama2.c's key_cache; the
 first `n` positions are valid. float16 halves the bytes; fp8 (e4m3), int8 and int4 store codes with
-scales (`lib.quant`): per position (float16, computed on write) or fixed per head or per
+scales (`lib.cache.quant`): per position (float16, computed on write) or fixed per head or per
 tensor (from `quant.calibrate`). Reads always return float32.
 """
 import numpy as np
 
-from . import quant
-from .config import ModelConfig, is_int
+from lib.cache import quant
+from lib.config import ModelConfig, is_int
 
 DTYPES = ("float32", "float16", "fp8", "int8", "int4")
 STORED = {"float32": np.float32, "float16": np.float16, "fp8": np.uint8, "int8": np.int8, "int4": np.uint8}  # int4: 2 per byte
@@ -19,7 +19,7 @@ STORED = {"float32": np.float32, "float16": np.float16, "fp8": np.uint8, "int8":
 def storage(cfg: ModelConfig, dtype, granularity: str, calibration=None):
     """(kind, granularity or None, stored numpy dtype, values per position and head as stored) of a
     cache of `dtype` (a name of DTYPES or a numpy dtype), checked with its granularity and, when
-    given, its calibration: the one rule for every K/V store (`KVCache`, `lib.paged.PagedKVCache`)."""
+    given, its calibration: the one rule for every K/V store (`KVCache`, `lib.cache.paged.PagedKVCache`)."""
     if not isinstance(cfg, ModelConfig):
         raise TypeError(f"cfg must be a lib.config.ModelConfig, got {type(cfg).__name__}")
     kind = dtype if isinstance(dtype, str) else getattr(dtype, "__name__", None) or getattr(dtype, "name", None)
@@ -35,9 +35,9 @@ def storage(cfg: ModelConfig, dtype, granularity: str, calibration=None):
 
 
 def check_calibration(cfg: ModelConfig, kind: str, calibration) -> None:
-    """The pair (k_max, v_max) from lib.quant.calibrate: finite maxima > 0 of shape (n_layer, n_kv_head)."""
+    """The pair (k_max, v_max) from lib.cache.quant.calibrate: finite maxima > 0 of shape (n_layer, n_kv_head)."""
     if not (isinstance(calibration, (tuple, list)) and len(calibration) == 2):
-        raise ValueError(f"calibration must be the pair (k_max, v_max) from lib.quant.calibrate, got {calibration!r:.80}")
+        raise ValueError(f"calibration must be the pair (k_max, v_max) from lib.cache.quant.calibrate, got {calibration!r:.80}")
     expected = (cfg.n_layer, cfg.n_kv_head)
     for name, m in zip(("k_max", "v_max"), calibration):
         if np.shape(m) != expected:
@@ -47,10 +47,10 @@ def check_calibration(cfg: ModelConfig, kind: str, calibration) -> None:
 
 def fixed_scales(kind: str, granularity: str, calibration):
     """Per layer, the fixed K and V scales of 'head' ((Hkv, 1, 1)) or 'tensor' ((1, 1, 1)) granularity,
-    from a checked `calibration` = lib.quant.calibrate(params, cfg, tokens)."""
+    from a checked `calibration` = lib.cache.quant.calibrate(params, cfg, tokens)."""
     if calibration is None:
         raise ValueError(f"granularity {granularity!r} needs fixed scales: pass "
-                         f"calibration=lib.quant.calibrate(params, cfg, tokens)")
+                         f"calibration=lib.cache.quant.calibrate(params, cfg, tokens)")
     k_max, v_max = calibration
     return quant.static_scales(k_max, granularity, kind), quant.static_scales(v_max, granularity, kind)
 

@@ -123,8 +123,9 @@ def smallest_coded(kind: str) -> float:
 
 def calibrate(params, cfg, tokens):
     """Max |K| and |V| per layer and KV head over a calibration text: two (n_layer, Hkv) arrays."""
-    from .kv_cache import KVCache
-    from .model import check_tokens, forward_cached
+    from lib.cache.kv_cache import KVCache
+    from lib.model import forward_cached
+    from lib.checks import check_tokens
     cache = KVCache(cfg, len(check_tokens(tokens, cfg)))
     forward_cached(params, cfg, tokens, cache)
     k_max = np.array([np.abs(k[:, :len(tokens)]).max(axis=(1, 2)) for k in cache.k])  # (L, Hkv)

@@ -3,7 +3,7 @@
 PagedAttention (Kwon et al. 2023, vLLM) stores each sequence's K/V in blocks of `block_size`
 positions taken from one pool, so memory is allocated as a sequence grows instead of for its
 longest possible length. `PagedKVCache` is the pool, per layer (blocks, KV heads, block size,
-head dim), stored in any of `lib.kv_cache`'s forms; `lib.blocks.BlockManager` decides which
+head dim), stored in any of `lib.cache.kv_cache`'s forms; `lib.cache.blocks.BlockManager` decides which
 block holds which positions (free list, reference counts, prefix hashes, copy-on-write) and
 `PagedKVCache` applies the block copies it asks for. Slots are reserved for the tokens
 actually fed (`reserve`), and a step that fails is undone (`rollback`). `PagedSequence` offers
@@ -12,17 +12,17 @@ the `KVCache` interface, and `feed(new_tokens, step)` runs `model.forward_cached
 """
 import numpy as np
 
-from . import quant
-from .blocks import BlockManager
-from .config import ModelConfig, is_int
-from .kv_cache import check_step, fixed_scales, storage
-from .model import check_tokens
+from lib.cache import quant
+from lib.cache.blocks import BlockManager
+from lib.config import ModelConfig, is_int
+from lib.cache.kv_cache import check_step, fixed_scales, storage
+from lib.checks import check_tokens
 
 
 class PagedKVCache:
     """The block pool: per layer K and V as (num_blocks, Hkv, block_size, D), and its manager.
 
-    dtype and granularity as for `lib.kv_cache.KVCache`: quantized pools store codes (int4: D/2
+    dtype and granularity as for `lib.cache.kv_cache.KVCache`: quantized pools store codes (int4: D/2
     bytes) and, per layer, scales as (num_blocks, Hkv, block_size) float32 for 'position' (each
     slot's float16 scale, set when it is written) or (1, Hkv, 1) / (1, 1, 1) for 'head' / 'tensor'
     (fixed from a calibration); unquantized pools keep scales of one, (1, 1, 1)."""
@@ -73,7 +73,7 @@ class PagedKVCache:
 
     def load(self, layer, blocks, end):
         """K, V of the first `end` positions of the blocks listed, as float32 (Hkv, end, D) each."""
-        Hkv, D = self.cfg.n_kv_head, self.cfg.head_dim
+        Hkv = self.cfg.n_kv_head
         def gather(pool):  # (blocks, Hkv, bs, ...) -> (Hkv, end, ...)
             return pool[blocks].transpose(1, 0, 2, *range(3, pool.ndim)).reshape(Hkv, -1, *pool.shape[3:])[:, :end]
         out = []

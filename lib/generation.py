@@ -8,12 +8,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .config import ModelConfig, is_int
-from .kv_cache import KVCache
-from .lean import cached_step
-from .model import check_tokens, forward
-from .sampling import check_seed, check_temperature, next_token
-from .tokenizer import VOCAB_SIZE, decode, encode
+from lib.config import ModelConfig, is_int
+from lib.cache.kv_cache import KVCache
+from lib.model import cached_step
+from lib.model import forward
+from lib.checks import check_tokens
+from lib.sampling import next_token
+from lib.checks import check_seed, check_temperature
+from lib.tokenizer import VOCAB_SIZE, decode, encode
 
 
 def check_request(prompt_len: int, n_new, context: int, temperature: float) -> None:

@@ -12,7 +12,7 @@ through the pool's own quantizing store: attention's cost depends on the shapes,
 The stand-in here is the 12x768 one with GPT-2 small's own context of 1,024 positions
 (`STANDIN`), so the cache can reach about four times the weights' bytes at a batch of 16.
 
-The prediction adds two parts: the step without its attention, from `lib.costmodel` (the
+The prediction adds two parts: the step without its attention, from `lib.measure.costmodel` (the
 counted numpy work of a call over B new rows), and attention, as the larger of its bytes at the
 read bandwidth of the step's working set and its values at the kernel's own rate per value,
 measured on one layer of a few sequences (`kernel_seconds_per_value`).
@@ -21,13 +21,13 @@ import dataclasses
 
 import numpy as np
 
-from .batch import BatchedModel
-from .costmodel import lean_builder, predict_calls
-from .lean import LeanModel
-from .paged import PagedKVCache
-from .paged_kernel import attend_paged
-from .standins import STANDINS, standin_params
-from .timing import median_time
+from lib.measure.counting import pool_call
+from lib.measure.costmodel import lean_builder, predict_calls
+from lib.lean import LeanModel
+from lib.cache.paged import PagedKVCache
+from lib.cache.paged_kernel import attend_paged
+from lib.measure.standins import STANDINS, standin_params
+from lib.timing import median_time
 
 DTYPES = ("float32", "float16", "fp8", "int8", "int4")
 STANDIN = dataclasses.replace(STANDINS["12x768"], block_size=1024)  # GPT-2 small: 12 x 768, 1,024 positions
@@ -62,18 +62,6 @@ def filled_pools(cfg, dtypes, batch: int, context: int, block_size: int = 16, se
 def filled_pool(cfg, dtype: str, batch: int, context: int, block_size: int = 16, seed: int = 0):
     """One pool of filled_pools: (pool, sequences)."""
     return filled_pools(cfg, (dtype,), batch, context, block_size, seed)[dtype]
-
-
-def stepper(model, seqs):
-    """A function that runs one batched decode step of `model` (a LeanModel) over `seqs`, each then
-    truncated back to where it was."""
-    batched, lengths, new = BatchedModel(model), [s.n for s in seqs], [[1]] * len(seqs)
-
-    def step():
-        batched.feed(seqs, new)
-        for seq, n in zip(seqs, lengths):
-            seq.truncate(n)
-    return step
 
 
 def kernel_seconds_per_value(cfg, dtypes=DTYPES, batch: int = 4, context: int = 511) -> dict:
@@ -131,7 +119,7 @@ def sweep(machine, model, params, points, dtypes=DTYPES, rounds: int = 5) -> dic
             attention = predict_attention(machine, model, batch, context, kv, rates[dtype])
             rows[batch, context, dtype] = dict(predicted=other + attention, attention=attention, kv_bytes=kv,
                                                per_value=rates[dtype])
-        steps = {dtype: stepper(model, seqs) for dtype, (_, seqs) in pools.items()}
+        steps = {dtype: pool_call(model, seqs) for dtype, (_, seqs) in pools.items()}
         for step in steps.values():
             step()  # warm-up
         times = np.array([[median_time(steps[d], repeats=1, warmup=0) for d in dtypes] for _ in range(rounds)])

@@ -5,7 +5,7 @@ with PagedAttention", the paper behind vLLM) keeps each sequence's K/V in fixed-
 from one pool and finds them through a per-sequence block table, as an operating system finds
 pages through a page table. This module is that bookkeeping alone, counts and ids without
 tensors, split from the pool as nano-vllm splits its `block_manager` (and in its verbs:
-`can_allocate`, `allocate`, `deallocate`); `lib.paged` holds the tensors.
+`can_allocate`, `allocate`, `deallocate`); `lib.cache.paged` holds the tensors.
 
 Full blocks are named by a chained hash of (parent hash, block tokens), checked token by token on
 a hit, so requests that share a prefix share its blocks (reference counts > 1, vLLM's automatic
@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .config import is_int
+from lib.config import is_int
 
 
 def chain_hash(parent: str, tokens) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ModelConfig, is_int
+from lib.config import ModelConfig, is_int
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
 
@@ -139,7 +139,7 @@ def kv_budget(gpu: GPU, weight_bytes: float, utilization: float = 0.9, workspace
     (vLLM's gpu_memory_utilization, 0.9 by default), less the weights it holds and the workspace
     of activations and buffers. Negative when the weights alone do not fit."""
     if not isinstance(gpu, GPU):
-        raise TypeError(f"gpu must be a lib.memory.GPU, got {type(gpu).__name__}")
+        raise TypeError(f"gpu must be a lib.cache.memory.GPU, got {type(gpu).__name__}")
     if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
         raise ValueError(f"utilization must be in (0, 1], got {utilization!r}")
     for name, value in (("weight_bytes", weight_bytes), ("workspace", workspace)):
@@ -153,7 +153,7 @@ def step_seconds(gpu: GPU, weight_bytes: float, kv_bytes: float) -> float:
     """The floor on one decode step's time: every weight and every cached K/V byte read once at
     the GPU's memory bandwidth (chapters 2 and 12 measure when a step reaches it)."""
     if not isinstance(gpu, GPU):
-        raise TypeError(f"gpu must be a lib.memory.GPU, got {type(gpu).__name__}")
+        raise TypeError(f"gpu must be a lib.cache.memory.GPU, got {type(gpu).__name__}")
     for name, value in (("weight_bytes", weight_bytes), ("kv_bytes", kv_bytes)):
         if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
                 or not 0 <= value < float("inf"):

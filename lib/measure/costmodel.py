@@ -1,6 +1,6 @@
 """Predict, then measure: a step's time from its counted work and this machine's constants.
 
-A step is a sequence of numpy calls (`lib.timing.count_ops` records each one as an `Op`). The
+A step is a sequence of numpy calls (`lib.measure.counting.count_ops` records each one as an `Op`). The
 model charges every call a fixed cost (Python, numpy's dispatch and the allocation of its
 result), and on top of it the time of its work, where a roofline (Williams et al. 2009) sets it
 by the larger of reading and computing:
@@ -26,7 +26,7 @@ the small-rows kernel of `lib.kernels`), and the cost per element of each elemen
 One set of constants serves every prediction of a run: nothing is tuned per point.
 
 The same arithmetic with a GPU's data-sheet constants (`H100_SXM`) gives a decode step of a real
-configuration from `lib.memory`: t = max((weights + B x L x K/V bytes per token) / bandwidth,
+configuration from `lib.cache.memory`: t = max((weights + B x L x K/V bytes per token) / bandwidth,
 2 N B / FLOP/s), as the inference chapter of the JAX scaling book (Austin et al. 2025) does on
 paper.
 """
@@ -39,13 +39,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ModelConfig
-from .kernels import MAX_ROWS, candidates
-from .lean import LeanModel
-from .machine import cpu_model
-from .memory import from_hf_config
-from .model import forward_cached, init_params
-from .timing import OpCounts, median_time, single_thread, step_counts, stepper
+from lib.config import ModelConfig
+from lib.kernels import MAX_ROWS, candidates
+from lib.lean import LeanModel
+from lib.measure.machine import cpu_model
+from lib.cache.memory import from_hf_config
+from lib.model import forward_cached, init_params
+from lib.timing import median_time, single_thread
+from lib.measure.counting import OpCounts, cached_call, step_counts
 
 PROBE_SIZES = (32 * 2**10, 256 * 2**10, 2**20, 3 * 2**19, 2 * 2**20, 3 * 2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20,
           256 * 2**20, 2**30)  # working sets probed; dense around the common L2 sizes, where the rate falls
@@ -162,7 +163,7 @@ def _engine_call_costs() -> dict:
     cfg = ModelConfig(n_layer=2, n_head=2, n_kv_head=2, n_embd=8, block_size=32)
     params = init_params(cfg)
     steps = {"plain": plain_builder(cfg), "lean": lean_builder(cfg)}
-    return {path: median_time(stepper(build(params), cfg, 16), repeats=7, min_seconds=0.005)
+    return {path: median_time(cached_call(build(params), cfg, 16), repeats=7, min_seconds=0.005)
             / len(step_counts(build, params, cfg, 16)[1].ops) for path, build in steps.items()}
 
 
@@ -171,7 +172,7 @@ PROBE_K, PROBE_N = 768, 3072  # one weight matrix of the probe: GPT-2 small's ML
 
 def _probe_weights(nbytes: int) -> list:
     """Weight matrices of `nbytes` in all, laid out as the engine stores them ((K, N), column-major,
-    as `lib.standins` draws them): matrices of at most PROBE_K x PROBE_N, every page written."""
+    as `lib.measure.standins` draws them): matrices of at most PROBE_K x PROBE_N, every page written."""
     count = max(1, round(nbytes / (PROBE_K * PROBE_N * 4)))
     N = max(1, nbytes // count // (4 * PROBE_K))
     return [np.asfortranarray(np.ones((PROBE_K, N), np.float32)) for _ in range(count)]  # (K, N) each
@@ -236,12 +237,12 @@ def measure() -> Machine:
 # ----------------------------------------------------------------------------- the machine card
 
 CARD_DIR = Path(os.environ.get("LIB_CARD_DIR", Path.home() / ".cache" / "fast-inference-book"))
-PROBES = ("costmodel.py", "kernels.py", "timing.py")  # the modules whose code the constants come from
+PROBES = ("measure/costmodel.py", "kernels.py", "timing.py")  # the modules whose code the constants come from
 
 
 def card_key() -> dict:
     """What the constants depend on: the CPU, its cores, numpy and its BLAS, and lib's probes."""
-    probes = hashlib.sha256(b"".join((Path(__file__).parent / name).read_bytes() for name in PROBES))
+    probes = hashlib.sha256(b"".join((Path(__file__).parents[1] / name).read_bytes() for name in PROBES))
     built = np.show_config(mode="dicts")["Build Dependencies"]["blas"]  # numpy's own BLAS, whatever else is loaded
     blas = [f"{built.get('name')} {built.get('version')}"]
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "numpy": np.__version__, "blas": blas,
@@ -405,7 +406,7 @@ H100_SXM = Accelerator("H100 SXM", 989e12, 3.35e12, 80e9,
 
 
 def predict_decode(spec, gpu: Accelerator, batch: int = 1, context: int = 1024, dtype: str = "bfloat16") -> dict:
-    """One decode step of `batch` sequences of `context` tokens for a `lib.memory` spec on `gpu`:
+    """One decode step of `batch` sequences of `context` tokens for a `lib.cache.memory` spec on `gpu`:
     the weights and every sequence's K/V read once, against 2 N B FLOPs of the weight products."""
     weights, kv = spec.weight_bytes(dtype), spec.kv_bytes(context, batch, dtype)
     memory = (weights + kv) / gpu.bandwidth

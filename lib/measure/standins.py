@@ -16,9 +16,10 @@ import math
 
 import numpy as np
 
-from .config import ModelConfig
-from .kv_cache import KVCache
-from .lean import LeanModel, cached_step
+from lib.config import ModelConfig
+from lib.cache.kv_cache import KVCache
+from lib.lean import LeanModel
+from lib.model import cached_step
 
 STANDINS = {  # name -> shape; all read the book's 96-character vocabulary
     "4x256": ModelConfig(n_layer=4, n_head=4, n_kv_head=4, n_embd=256),  # 13 MB
@@ -62,7 +63,7 @@ def weight_bytes(model: LeanModel) -> int:
 class StandInStep:
     """The stand-in device for one sequence: a cached step that returns `model`'s logits after
     running a call of the same size on `standin`, whose own cache follows the real cache's length
-    (`lib.clocks.StandInClock` is the same device for a batch). Use it wherever a LeanModel
+    (`lib.measure.clocks.StandInClock` is the same device for a batch). Use it wherever a LeanModel
     goes (`generate(..., step=)`, `speculative_generate`). `calls` records each call's size."""
 
     def __init__(self, model, standin_model: LeanModel):

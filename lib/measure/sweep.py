@@ -1,7 +1,7 @@
 """Measuring speculative decoding: what a call costs, and the speed-up for each k, against the
 formulas of Leviathan et al. 2023 (tokens per call, their eq. 1; speed-up, their Theorem 3.8).
 
-The target can be a LeanModel (the trained model at its own cost) or a `lib.standins.StandInStep`
+The target can be a LeanModel (the trained model at its own cost) or a `lib.measure.standins.StandInStep`
 (the trained model's decisions at a large model's cost). Baseline and speculative runs are
 timed interleaved (baseline, k1, baseline, k2, ..., baseline), each k against the mean of the
 two baselines beside it, so a machine whose speed drifts affects both sides alike.
@@ -10,12 +10,14 @@ import time
 
 import numpy as np
 
-from .timing import paired_times, stepper
-from .generate import generate
-from .lean import cached_step
-from .model import forward
-from .sampling import check_temperature, probs_from_logits
-from .speculative import expected_speedup, expected_tokens_per_call, speculative_generate
+from lib.timing import paired_times
+from lib.measure.counting import cached_call
+from lib.generation import generate
+from lib.model import cached_step
+from lib.model import forward
+from lib.sampling import probs_from_logits
+from lib.checks import check_temperature
+from lib.speculative import expected_speedup, expected_tokens_per_call, speculative_generate
 
 
 def _median_ratio(baseline, candidate, repeats):
@@ -31,19 +33,19 @@ def call_costs(model, sizes, position: int = 64, repeats: int = 9) -> dict:
     each the median ratio of back-to-back pairs with a one-token call: {T: ratio}, and under key 0
     the one-token call's seconds (the median of its timings in the first pairs)."""
     cfg = cached_step(model)[0]
-    one = stepper(model, cfg, position)
+    one = cached_call(model, cfg, position)
     costs = {1: 1.0}
     for T in sizes:
         if T > 1:
-            seconds, costs[T] = _median_ratio(one, stepper(model, cfg, position, T), repeats)
+            seconds, costs[T] = _median_ratio(one, cached_call(model, cfg, position, T), repeats)
             costs.setdefault(0, seconds)
     return costs
 
 
 def draft_cost(target, draft, position: int = 64, repeats: int = 9) -> float:
     """c: a one-token draft call over a one-token target call, the median ratio of back-to-back pairs."""
-    return _median_ratio(stepper(target, cached_step(target)[0], position),
-                          stepper(draft, cached_step(draft)[0], position), repeats)[1]
+    return _median_ratio(cached_call(target, cached_step(target)[0], position),
+                          cached_call(draft, cached_step(draft)[0], position), repeats)[1]
 
 
 def acceptance_on_text(target, draft, tokens, temperatures, window: int = 512) -> dict:

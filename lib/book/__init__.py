@@ -1,0 +1,1 @@
+"""What only the chapters use: sliders over plots (`widgets`) and numbers in prose (`prose`)."""

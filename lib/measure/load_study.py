@@ -1,0 +1,111 @@
+"""The serving chapter's study: the ladder of policies over arrival rates at a fitted clock, and
+speculative decoding inside the batch below saturation, with the crossover its queueing model
+predicts (`lib.measure.clocks.crossover_rate`). Every served token is checked against decoding
+the request alone, and every pool against leaked blocks.
+
+Goodput and the SLO-capacity rate follow DistServe (Zhong et al. 2024).
+"""
+import numpy as np
+
+from lib.batch import BatchedModel
+from lib.corpus import load_corpus
+from lib.generation import generate
+from lib.lean import LeanModel
+from lib.measure.clocks import crossing, crossover_rate
+from lib.measure.counting import batched_call, cached_call
+from lib.measure.sweep import acceptance_on_text
+from lib.serve import LADDER, make_trace, serve
+from lib.timing import paired
+
+
+def decode_speedup(lean, positions, repeats: int = 9):
+    """One batched decode step for sequences at `positions` against decoding each alone on the
+    lean path, timed back to back: (seconds for all alone, seconds batched, speed-up), medians."""
+    solos = [cached_call(lean, lean.cfg, int(p)) for p in positions]
+    alone, batched, ratio = paired(lambda: [s() for s in solos], batched_call(BatchedModel(lean), positions), repeats)
+    return alone, batched, 1.0 / ratio
+
+
+def sweep_rates(model, policies: dict, rates, trace: dict, num_blocks: int, **common) -> dict:
+    """Each policy (name -> a Policy, or serve keywords such as dict(policy=..., draft=..., k=...)) at
+    each arrival rate, on the trace make_trace(**trace) draws at that rate: {name: {rate: Report}}.
+    `common` goes to every run (a clock, max_tokens...)."""
+    runs = {name: {} for name in policies}
+    for rate in rates:
+        requests = make_trace(**{**trace, "rate": float(rate)})
+        for name, run in policies.items():
+            kwargs = run if isinstance(run, dict) else {"policy": run}
+            runs[name][rate] = serve(model, requests, num_blocks, **{**common, **kwargs})
+    return runs
+
+
+LOAD_TRACE = dict(n=64, seed=0, burstiness=1.0, prompt_len=(8, 48), n_new=(4, 128))  # Poisson arrivals
+LOAD_BLOCKS, SPEC_BLOCKS = 96, 256  # the ladder's pool; speculation's, large enough that memory never binds
+LOAD_FRACTIONS = (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)  # rates, as shares of what a batch of 32 serves
+SLO_STEPS = dict(ttft=25, tpot=3)  # latency targets in one-sequence decode steps of the clock
+SPEC_REQUESTS, SPEC_FRACTIONS = 64, (0.1, 0.15, 0.2, 0.3, 0.4, 0.6)  # below saturation: a steady state exists
+SPEC_POLICY = LADDER["+ prefix caching"]  # no token budget: one would cap a batch at budget / (k + 1)
+
+
+def load_rates(big_clock, mean_new: float, fractions) -> list:
+    """Arrival rates (requests/s) as shares of what a decode batch of 32 serves on the clock."""
+    return [round(32 / big_clock.decode(32) / mean_new * f, 2) for f in fractions]
+
+
+def best_rate(runs: dict, slo: dict) -> float:
+    """The rate, of {rate: Report}, at which a policy's goodput within slo (ttft, tpot) was highest."""
+    return max(runs, key=lambda rate: runs[rate].goodput(**slo))
+
+
+def slo_capacity(runs: dict, slo: dict, share: float = 0.9) -> float:
+    """The highest rate, of {rate: Report}, at which `share` of the requests met both targets
+    (DistServe's capacity, Zhong et al. 2024); 0 if none."""
+    return max((rate for rate, rep in runs.items() if rep.attainment(**slo) >= share), default=0.0)
+
+
+def load_study(target, draft, big_clock, small_clock, k: int = 4, out=print) -> dict:
+    """The serving chapter's measurements at the stand-in's fitted cost: the ladder over the rates,
+    and SPEC_POLICY with and without speculative decoding below saturation, with the crossover
+    predicted by lib.measure.clocks.crossover_rate. target, draft: (params, cfg) pairs; the clocks from
+    lib.measure.clocks.fit_clock. Returns the numbers the goals need."""
+    lean = LeanModel(*target)
+    held_out = load_corpus().held_out
+    trace = dict(LOAD_TRACE, system=held_out[2000:2032])
+    t1, max_tokens = big_clock.decode(1), trace["n_new"][1]
+    slo = {name: steps * t1 for name, steps in SLO_STEPS.items()}
+    sample = make_trace(2000, 1.0, prompt_len=trace["prompt_len"], n_new=trace["n_new"])
+    mean_new = float(np.mean([r.n_new for r in sample]))
+    mean_prompt = float(np.mean([len(r.prompt) for r in sample]))  # after the shared system prompt, cached
+    rates = load_rates(big_clock, mean_new, LOAD_FRACTIONS)
+    ladder = sweep_rates(lean, LADDER, rates, trace, LOAD_BLOCKS, cost=big_clock, max_tokens=max_tokens,
+                         window=4 * t1)
+    spec_rates = load_rates(big_clock, mean_new, SPEC_FRACTIONS)
+    spec = {"plain": SPEC_POLICY, "speculative": dict(policy=SPEC_POLICY, draft=LeanModel(*draft), k=k)}
+    spec_trace = dict(trace, n=SPEC_REQUESTS)
+    specs = sweep_rates(lean, spec, spec_rates, spec_trace, SPEC_BLOCKS, cost=big_clock, draft_cost=small_clock,
+                        max_tokens=max_tokens)
+    exact = True
+    for t, policies, runs, rs in ((trace, LADDER, ladder, rates), (spec_trace, spec, specs, spec_rates)):
+        for rate in rs:
+            solo = {r.rid: generate(*target, r.prompt, r.n_new, step=lean).tokens.tolist()
+                    for r in make_trace(**{**t, "rate": float(rate)})}
+            for rep in (runs[n][rate] for n in policies):
+                m = rep.pool.manager
+                exact &= all(o.tokens == solo[o.request.rid] for o in rep.outcomes)
+                exact &= m.num_free == m.num_blocks and not any(m.ref)
+    goal_rate = best_rate(ladder["static"], slo)
+    good = {n: ladder[n][goal_rate].goodput(**slo) for n in LADDER}
+    ratio = lambda key: [specs["plain"][r].summary()[key] / specs["speculative"][r].summary()[key]
+                         for r in spec_rates]
+    gains, means = ratio("TPOT p50 ms"), ratio("TPOT mean ms")
+    alpha = acceptance_on_text(target, draft, held_out[:4096], [0.0])[0.0]
+    fine = list(np.geomspace(spec_rates[0] / 2, spec_rates[-1] * 2, 60))
+    predicted = crossover_rate(big_clock, small_clock, alpha, k, mean_new, fine, mean_prompt)
+    measured = crossing(spec_rates, means)  # the statistic steady_state predicts
+    out(f"serving at the 12x768 stand-in's fitted cost, {trace['n']} Poisson requests per rate, rates {rates}")
+    out(f"  goodput at {goal_rate} requests/s (static batching's best): "
+        + ", ".join(f"{n} {g:.2f}" for n, g in good.items()))
+    out(f"  speculative (k = {k}) TPOT gain at {spec_rates} requests/s, p50: " + ", ".join(f"{g:.2f}x" for g in gains)
+        + "; mean: " + ", ".join(f"{g:.2f}x" for g in means))
+    out(f"  crossover on the mean: measured {measured:.2f}, predicted {predicted:.2f} requests/s (alpha {alpha:.2f})")
+    return dict(good=good, gains=gains, crossover=(measured, predicted), exact=exact)
