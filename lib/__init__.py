@@ -1,9 +1,9 @@
 """The engine of the book: a small numpy GPT-2-shaped model and the techniques that make its
 inference fast, one module per idea (the README lists them). Every chapter imports it; the
 names most chapters use are re-exported here."""
+from lib.cache.kv_cache import KVCache
 from lib.config import DRAFT, TARGET, ModelConfig
 from lib.generation import Generation, complete, generate
-from lib.cache.kv_cache import KVCache
 from lib.model import forward, forward_cached, load, load_metadata
 from lib.tokenizer import decode, encode
 

@@ -17,12 +17,11 @@ import math
 
 import numpy as np
 
-from lib.lean import GELU_S, LeanModel
-from lib.model import cached_step
-from lib.model import GELU_C, LN_EPS, head, layer_norm, mlp
-from lib.checks import check_cache, check_tokens
 from lib.cache.paged import PagedSequence
 from lib.cache.paged_kernel import attend_paged
+from lib.checks import check_cache, check_tokens
+from lib.lean import GELU_S, LeanModel
+from lib.model import GELU_C, LN_EPS, cached_step, head, layer_norm, mlp
 
 
 class _Plain:

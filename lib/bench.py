@@ -6,9 +6,9 @@ measured value. The timers and counters it uses are `lib.timing`'s.
     python -m lib.bench
 """
 import time
+from typing import NamedTuple
 
 import numpy as np
-
 from threadpoolctl import threadpool_info
 
 from lib.cache.kv_cache import KVCache
@@ -17,9 +17,9 @@ from lib.generation import generate
 from lib.kernels import CANDIDATES
 from lib.lean import LeanModel
 from lib.measure import cachebytes
+from lib.measure.card import calibrate, card_path, load_card
 from lib.measure.clocks import fit_clock
-from lib.measure.costmodel import (Predictions, calibrate, card_path, describe, h100_line, lean_builder, load_card,
-                                   plain_builder, predict, predict_calls)
+from lib.measure.costmodel import Predictions, describe, h100_line, lean_builder, plain_builder, predict, predict_calls
 from lib.measure.counting import cached_call, numpy_calls_per_step, step_counts
 from lib.measure.load_study import decode_speedup, load_study
 from lib.measure.standins import STANDINS, StandInStep, standin, standin_params, weight_bytes
@@ -75,191 +75,242 @@ def _product_times(C, rows=(2, 5, 9)):
     return out
 
 
-def _goal_lines(goals, out):
+class Goal(NamedTuple):
+    text: str
+    value: float
+    met: bool
+
+
+def goal(text: str, value: float, met) -> Goal:
+    return Goal(text, float(value), bool(met))
+
+
+class Bench:
+    """What every section shares: the trained models on each path, the card, the predictions, the printer."""
+
+    def __init__(self, out, machine):
+        self.out, self.machine, self.pred = out, machine, Predictions(machine, out)
+        self.target, self.draft = load("target"), load("draft")
+        (self.tp, self.tcfg), (self.dp, self.dcfg) = self.target, self.draft
+        self.lean_t, self.lean_d = LeanModel(self.tp, self.tcfg), LeanModel(self.dp, self.dcfg)
+        self.plain_t = cached_step(self.target)[1]
+
+
+def card_section(out, recalibrate: bool):
+    """The BLAS, the peak, the machine card (loaded, or measured now); returns (machine, goals)."""
+    blas = [(i["internal_api"], i["num_threads"], i.get("architecture")) for i in threadpool_info()]
+    out(f"BLAS (limited for timing): {blas}")
+    out(f"peak float32 matmul {matmul_gflops(1024, 1024, 1024):.1f} GFLOP/s, copy bandwidth "
+        f"{memory_gbps():.1f} GB/s (reads and writes; for the record, not used below)\n")
+    start = time.perf_counter()
+    machine = None if recalibrate else load_card()
+    fresh = machine is None
+    if fresh:
+        machine = calibrate(None, refresh=True)
+    seconds = time.perf_counter() - start
+    out("the machine card: " + machine.card())
+    out(f"  ({'measured now' if fresh else 'loaded'}: {card_path()}; `python -m lib.bench --recalibrate` measures it again)")
+    out("  the cost model's constants:\n  " + describe(machine).replace("\n", "\n  ") + "\n")
+    return machine, [goal("cost model: calibration <= 20 s", seconds, seconds <= 20)] if fresh else []
+
+
+def decode_section(b: Bench) -> list:
+    """The target's cached decode step, plain against lean, and its numpy calls."""
+    tp, tcfg, machine, out = b.tp, b.tcfg, b.machine, b.out
+    out("cached decode step of the target (ms)     plain     lean   lean/plain (paired)   predicted: plain     lean")
+    for pos in (16, 64, 128, 256, 511):
+        a, c, ratio = paired(cached_call(b.plain_t, tcfg, pos), cached_call(b.lean_t, tcfg, pos))
+        pa = predict_calls(machine, plain_builder(tcfg), tp, tcfg, pos, (1,), path="plain")[1]
+        pb = predict_calls(machine, lean_builder(tcfg), tp, tcfg, pos, (1,), b.lean_t.products)[1]
+        b.pred.add("decode step, plain", f"position {pos}", pa.seconds, a, pa)
+        b.pred.add("decode step, lean", f"position {pos}", pb.seconds, c, pb)
+        out(f"  position {pos:3d}                         {a * 1e3:7.3f}  {c * 1e3:7.3f}   {ratio:6.2f}"
+            f"               {pa.seconds * 1e3:7.3f}  {pb.seconds * 1e3:7.3f}")
+    calls_plain = numpy_calls_per_step(lambda p: cached_step((p, tcfg))[1], tp, tcfg, 128)
+    calls_lean = numpy_calls_per_step(lambda p: LeanModel(p, tcfg), tp, tcfg, 128)
+    out(f"  numpy calls per step                    {calls_plain:5d}    {calls_lean:5d}")
+    tiny = paired(cached_call(LeanModel(tp, tcfg, "numpy"), tcfg, 128), cached_call(b.lean_t, tcfg, 128))[2]
+    out(f"  lean step with the measured products vs numpy's products only, position 128: {tiny:.2f}\n")
+    return [goal("tiny lean step, measured products / numpy's products only <= 1.05", tiny, tiny <= 1.05),
+            goal("numpy calls per lean step <= 150", calls_lean, calls_lean <= 150)]
+
+
+def prefill_section(b: Bench) -> list:
+    """A prompt in one call against one token at a time, and a 256-token generation on each path."""
+    tp, tcfg, out = b.tp, b.tcfg, b.out
+    out("prefill (ms)                       one call  one by one  ratio   predicted one call")
+    for n in (16, 64, 256):
+        def fill(chunk):
+            cache = KVCache(tcfg, n)
+            for i in range(0, n, chunk):
+                b.plain_t(np.arange(i, min(i + chunk, n)) % tcfg.vocab_size, cache)
+        one, each = median_time(lambda: fill(n), repeats=5), median_time(lambda: fill(1), repeats=3, warmup=1)
+        pa = predict_calls(b.machine, plain_builder(tcfg), tp, tcfg, 0, (n,), path="plain")[n]
+        b.pred.add("prefill, plain", f"{n} tokens", pa.seconds, one, pa)
+        out(f"  {n:3d} tokens (plain path)             {one * 1e3:7.2f}   {each * 1e3:8.2f}  {each / one:5.1f}x   "
+            f"{pa.seconds * 1e3:7.2f}")
+    prompt = held_out_prompts(1)[0]
+    t_none = median_time(lambda: generate(tp, tcfg, prompt, 256, use_cache=False), repeats=1, warmup=0)
+    t_plain = median_time(lambda: generate(tp, tcfg, prompt, 256), repeats=3, warmup=1)
+    t_lean = median_time(lambda: generate(tp, tcfg, prompt, 256, step=b.lean_t), repeats=3, warmup=1)
+    out(f"\n256-token greedy generation: no cache {t_none:.3f} s, plain cache {t_plain:.3f} s, lean cache "
+        f"{t_lean:.3f} s ({t_none / t_lean:.0f}x and {t_plain / t_lean:.1f}x faster)")
+    return []
+
+
+SIZES = range(2, 10)  # T of V(T)
+
+
+def verify_costs(b: Bench):
+    """V(T) measured and predicted for the trained target and the 12x768 stand-in, on numpy's products
+    and the measured choice; returns (costs, predicted, the 12x768 stand-in with the measured choice)."""
+    tp, tcfg, machine = b.tp, b.tcfg, b.machine
+    numpy_t, large_cfg = LeanModel(tp, tcfg, "numpy"), STANDINS["12x768"]
+    costs = {"tiny, numpy": call_costs(numpy_t, SIZES), "tiny, measured choice": call_costs(b.lean_t, SIZES)}
+    products = {"tiny": (numpy_t.products, b.lean_t.products), "12x768 stand-in": ()}  # by T, per kind
+    counted = {"tiny": step_counts(lean_builder(tcfg), tp, tcfg, 64, range(1, 10)),
+               "12x768 stand-in": step_counts(lean_builder(large_cfg), standin_params(large_cfg), large_cfg, 64,
+                                              range(1, 10))}
+    for kind in ("numpy", "measured choice"):  # one 340 MB stand-in at a time
+        large = standin("12x768", products="numpy") if kind == "numpy" else standin("12x768")
+        costs[f"12x768 stand-in, {kind}"] = call_costs(large, SIZES, repeats=5)
+        products["12x768 stand-in"] += (large.products,)
+    predicted = {}  # {series: {T: Prediction}}
+    for name, counts in counted.items():
+        for kind, chosen in zip(("numpy", "measured choice"), products[name]):
+            predicted[f"{name}, {kind}"] = {T: predict(c, machine, chosen[T], "lean") for T, c in counts.items()}
+    return costs, predicted, large
+
+
+def verify_section(b: Bench):
+    """V(T) and the stand-ins' decode steps beside the card's bandwidth; returns (goals, V(T), predicted, the stand-in)."""
+    out, machine = b.out, b.machine
+    out("\nV(T): a T-token call over a one-token call, position 64 (median of back-to-back pairs)")
+    costs, predicted, large = verify_costs(b)
+    out("  " + " " * 32 + "".join(f"{T:>6d}" for T in SIZES) + "   1 token (ms)")
+    for name, v in costs.items():
+        p = predicted[name]
+        out(f"  {name:32s}" + "".join(f"{v[T]:6.2f}" for T in SIZES) + f"   {v[0] * 1e3:8.3f}")
+        out(f"  {'  predicted':32s}" + "".join(f"{p[T].seconds / p[1].seconds:6.2f}" for T in SIZES)
+            + f"   {p[1].seconds * 1e3:8.3f}")
+        for T in SIZES:
+            b.pred.add(f"V(T), {name}", f"T = {T}", p[T].seconds / p[1].seconds, v[T])
+    out(f"  products chosen by row count: tiny {b.lean_t.products}, 12x768 {large.products}")
+    C = b.tcfg.n_embd
+    out(f"  one (T, {C + 1}) @ ({C + 1}, {3 * C}) product, us: " + ", ".join(
+        f"T={t}: " + " / ".join(f"{name} {us:.1f}" for name, us in row.items()) for t, row in _product_times(C).items()))
+    large_p = predicted["12x768 stand-in, measured choice"]
+    v5 = costs["12x768 stand-in, measured choice"][5] / (large_p[5].seconds / large_p[1].seconds)
+    step_large, bytes_large = costs["12x768 stand-in, measured choice"][0], weight_bytes(large)
+    out("  decode step of each stand-in (ms): " + ", ".join(f"{n}" for n in STANDINS))
+    for name, scfg in STANDINS.items():
+        model = large if name == "12x768" else standin(name)
+        p = predict_calls(machine, lean_builder(scfg), standin_params(scfg), scfg, 64, (1,), model.products)[1] \
+            if name != "12x768" else large_p[1]
+        t = step_large if name == "12x768" else median_time(cached_call(model, scfg, 64), repeats=5)
+        b.pred.add("decode step, stand-ins", name, p.seconds, t, p)
+        out(f"    {name:7s} measured {t * 1e3:7.2f}, predicted {p.seconds * 1e3:7.2f}")
+    streamed = step_large / (bytes_large / machine.memory_bandwidth)
+    out(f"  12x768 stand-in decode step {step_large * 1e3:.1f} ms for {bytes_large / 1e6:.0f} MB of weights: it streamed "
+        f"{bytes_large / step_large / 1e9:.1f} GB/s against the card's {machine.memory_bandwidth / 1e9:.1f} GB/s "
+        f"({streamed:.2f}x the time of reading them at the card's rate)")
+    goals = [goal("12x768 stand-in decode step <= 1.5 x weight bytes / read bandwidth", streamed, streamed <= 1.5),
+             goal("V(5) on the 12x768 stand-in, measured / predicted within 0.75..1.33", v5, 0.75 <= v5 <= 1.33)]
+    return goals, costs, predicted, large
+
+
+def speculative_section(b: Bench, costs, predicted, large) -> list:
+    """Speculative decoding against target-only decoding at the trained target's cost and at the
+    stand-in's, beside Theorem 3.8 and the cost model."""
+    out, lean_t, lean_d = b.out, b.lean_t, b.lean_d
+    prompts, shadow = held_out_prompts(4), StandInStep(lean_t, large)
+    # the model's V(k+1) and c for both regimes: the trained target, and the trained target run beside the stand-in
+    tiny_p, large_p = predicted["tiny, measured choice"], predicted["12x768 stand-in, measured choice"]
+    draft_p = predict_calls(b.machine, lean_builder(b.dcfg), b.dp, b.dcfg, 64, (1,), lean_d.products)[1].seconds
+    model_vc = {"": ({T: tiny_p[T].seconds / tiny_p[1].seconds for T in tiny_p}, draft_p / tiny_p[1].seconds),
+                "large_": ({T: (tiny_p[T].seconds + large_p[T].seconds) / (tiny_p[1].seconds + large_p[1].seconds)
+                            for T in tiny_p}, draft_p / (tiny_p[1].seconds + large_p[1].seconds))}
+    regimes = {"": (lean_t, draft_cost(lean_t, lean_d), costs["tiny, measured choice"], prompts, 96, (1, 2, 3, 4, 6, 8), 2),
+               "large_": (shadow, draft_cost(shadow, lean_d, repeats=5), call_costs(shadow, SIZES, repeats=5),
+                          prompts[:2], 48, (2, 3, 4, 6), 1)}
+    out(f"\nc (draft step / target step): {regimes[''][1]:.2f} at the trained target's cost, "
+        f"{regimes['large_'][1]:.4f} at the stand-in's")
+    out("speculative decoding vs target-only decoding, lean draft (Theorem 3.8 from the measured alpha and c; "
+        "'+verify': the same with the measured V(k+1))")
+    best = {}
+    for tag, (tgt, c, v, ps, n, ks, repeats) in regimes.items():
+        out(f"  {'at the 12x768 stand-in' if tag else 'trained target'}'s cost, {len(ps)} prompts x {n} tokens")
+        for temp in (0.0, 0.7):
+            rows = sweep(tgt, {"draft": lean_d}, ps, n, ks, temp, repeats)
+            predictions(rows, c, v)
+            v_model, c_model = model_vc[tag]
+            for (_, k), r in rows.items():
+                r["model"] = expected_speedup(r["alpha"], k, c_model, verify=v_model[k + 1])
+                b.pred.add(f"speculative, {'stand-in' if tag else 'trained'} cost", f"T={temp} k={k}", r["model"], r["speedup"])
+                out(f"    T={temp} k={k}: alpha {r['alpha']:.3f}, speed-up {r['speedup']:.2f}x "
+                    f"(Theorem 3.8: {r['theorem']:.2f}x, +verify: {r['with_verify']:.2f}x, cost model: {r['model']:.2f}x)")
+            k, best[tag, temp] = max(((k, r) for (_, k), r in rows.items()), key=lambda kr: kr[1]["speedup"])
+            r = best[tag, temp]
+            out(f"    -> best k = {k} at T={temp}: {r['speedup']:.2f}x ({'faster' if r['speedup'] > 1 else 'slower'}), "
+                f"{r['speedup'] / r['with_verify']:.2f} of Theorem 3.8 with the measured V and c")
+    goals = []
+    for temp in (0.7, 0.0):
+        r = best["large_", temp]
+        goals += [goal(f"speculative at the stand-in's cost, best k, T={temp:g} > 1 (a gain)", r["speedup"], r["speedup"] > 1),
+                  goal("... and >= 0.85 of the cost model's prediction", r["speedup"] / r["model"],
+                       r["speedup"] / r["model"] >= 0.85)]
+    gap = max(abs(best["large_", t]["speedup"] / best["large_", t]["with_verify"] - 1) for t in (0.0, 0.7))
+    return goals + [goal("... within 15% of Theorem 3.8 with the measured V and c (largest gap)", gap, gap <= 0.15)]
+
+
+def quantized_section(b: Bench) -> list:
+    """The batched decode step at the stand-in's cost by KV storage form: the fused paged read."""
+    B, L = FUSED_POINT
+    b.out(f"\nbatched decode step at the 12x768 stand-in's cost (1,024 positions), batch {B} x context {L}, by KV "
+          "storage form (lib.measure.cachebytes: the fused paged read; predicted, then measured)")
+    fused = cachebytes.sweep(b.machine, cachebytes.standin(), standin_params(cachebytes.STANDIN), [FUSED_POINT])
+    ratio = {d: r["seconds"] / fused[B, L, "float32"]["seconds"] for (_, _, d), r in fused.items()}
+    for (_, _, dtype), r in fused.items():
+        b.pred.add("quantized cache step, stand-in", dtype, r["predicted"], r["seconds"])
+        b.out(f"  {dtype:8s} cache {r['kv_bytes'] / 1e6:5.0f} MB: {r['seconds'] * 1e3:6.1f} ms "
+              f"({ratio[dtype]:.2f}x float32), predicted {r['predicted'] * 1e3:6.1f} ms")
+    gap = max(abs(fused[B, L, d]["seconds"] / fused[B, L, d]["predicted"] - 1) for d in ("int8", "fp8", "int4"))
+    return [goal(f"quantized cache at the stand-in's cost (B {B} x L {L}): int8 step / float32 step <= 0.75",
+                 ratio["int8"], ratio["int8"] <= 0.75),
+            goal("... fp8 step / float32 step <= 0.8", ratio["fp8"], ratio["fp8"] <= 0.8),
+            goal("... int4 step / float32 step <= 0.65", ratio["int4"], ratio["int4"] <= 0.65),
+            goal("... the int8, fp8 and int4 steps within 20% of the cost model (worst measured / predicted - 1)", gap,
+                 gap <= 0.2)]
+
+
+def cost_model_section(b: Bench) -> list:
+    """Every prediction of the run against its measurement, and the H100 data sheet against a published measurement."""
+    b.pred.report()
+    h100, published = h100_line(b.out)
+    errors = np.abs(b.pred.errors())
+    b.out("")
+    return [goal("cost model: predicted points in this run >= 40", len(errors), len(errors) >= 40),
+            goal("cost model: median |predicted / measured - 1| <= 0.15", np.median(errors), np.median(errors) <= 0.15),
+            goal("cost model: worst |predicted / measured - 1| <= 0.40", errors.max(), errors.max() <= 0.40),
+            goal("cost model: H100 data-sheet prediction / published measurement within 0.7..1.3", h100 / published,
+                 0.7 <= h100 / published <= 1.3)]
+
+
+def run(out=print, recalibrate: bool = False) -> list:
+    """Print the benchmark's sections, then every goal; returns the goals."""
+    with single_thread():
+        machine, goals = card_section(out, recalibrate)
+        b = Bench(out, machine)
+        goals += decode_section(b) + prefill_section(b)
+        verify_goals, costs, predicted, large = verify_section(b)
+        goals += verify_goals + speculative_section(b, costs, predicted, large)
+        del costs, predicted, large  # the 340 MB stand-in
+        goals += quantized_section(b)
+    goals = cost_model_section(b) + goals + [goal(*g) for g in serving_rows(out)]
     out("goals")
     for text, value, met in goals:
         out(f"  {'met    ' if met else 'NOT MET'}  {text}: {value:.2f}")
-
-
-def run(out=print, recalibrate: bool = False):
-    """Print the benchmark table and the goals; returns the measured ratios."""
-
-
-    target, draft = load("target"), load("draft")
-    (tp, tcfg), (dp, dcfg) = target, draft
-    lean_t, lean_d, numpy_t = LeanModel(tp, tcfg), LeanModel(dp, dcfg), LeanModel(tp, tcfg, "numpy")
-    plain_t = cached_step(target)[1]
-    ratios, sizes = {}, range(2, 10)
-    with single_thread():
-        blas = [(i["internal_api"], i["num_threads"], i.get("architecture")) for i in threadpool_info()]
-        out(f"BLAS (limited for timing): {blas}")
-        out(f"peak float32 matmul {matmul_gflops(1024, 1024, 1024):.1f} GFLOP/s, copy bandwidth "
-            f"{memory_gbps():.1f} GB/s (reads and writes; for the record, not used below)\n")
-        start = time.perf_counter()
-        machine = None if recalibrate else load_card()
-        fresh = machine is None
-        if fresh:
-            machine = calibrate(None, refresh=True)
-        ratios["calibration_s"] = time.perf_counter() - start
-        out("the machine card: " + machine.card())
-        out(f"  ({'measured now' if fresh else 'loaded'}: {card_path()}; `python -m lib.bench --recalibrate` measures it again)")
-        out("  the cost model's constants:\n  " + describe(machine).replace("\n", "\n  ") + "\n")
-        pred = Predictions(machine, out)
-
-        out("cached decode step of the target (ms)     plain     lean   lean/plain (paired)   predicted: plain     lean")
-        for pos in (16, 64, 128, 256, 511):
-            a, b, ratios[f"step_{pos}"] = paired(cached_call(plain_t, tcfg, pos), cached_call(lean_t, tcfg, pos))
-            pa = predict_calls(machine, plain_builder(tcfg), tp, tcfg, pos, (1,), path="plain")[1]
-            pb = predict_calls(machine, lean_builder(tcfg), tp, tcfg, pos, (1,), lean_t.products)[1]
-            pred.add("decode step, plain", f"position {pos}", pa.seconds, a, pa)
-            pred.add("decode step, lean", f"position {pos}", pb.seconds, b, pb)
-            out(f"  position {pos:3d}                         {a * 1e3:7.3f}  {b * 1e3:7.3f}   {ratios[f'step_{pos}']:6.2f}"
-                f"               {pa.seconds * 1e3:7.3f}  {pb.seconds * 1e3:7.3f}")
-        calls_plain = numpy_calls_per_step(lambda p: cached_step((p, tcfg))[1], tp, tcfg, 128)
-        calls_lean = numpy_calls_per_step(lambda p: LeanModel(p, tcfg), tp, tcfg, 128)
-        out(f"  numpy calls per step                    {calls_plain:5d}    {calls_lean:5d}")
-        ratios["tiny_step"] = paired(cached_call(numpy_t, tcfg, 128), cached_call(lean_t, tcfg, 128))[2]
-        out(f"  lean step with the measured products vs numpy's products only, position 128: {ratios['tiny_step']:.2f}\n")
-
-        out("prefill (ms)                       one call  one by one  ratio   predicted one call")
-        for n in (16, 64, 256):
-            def fill(chunk):
-                cache = KVCache(tcfg, n)
-                for i in range(0, n, chunk):
-                    plain_t(np.arange(i, min(i + chunk, n)) % tcfg.vocab_size, cache)
-            a, b = median_time(lambda: fill(n), repeats=5), median_time(lambda: fill(1), repeats=3, warmup=1)
-            pa = predict_calls(machine, plain_builder(tcfg), tp, tcfg, 0, (n,), path="plain")[n]
-            pred.add("prefill, plain", f"{n} tokens", pa.seconds, a, pa)
-            out(f"  {n:3d} tokens (plain path)             {a * 1e3:7.2f}   {b * 1e3:8.2f}  {b / a:5.1f}x   {pa.seconds * 1e3:7.2f}")
-
-        prompt = held_out_prompts(1)[0]
-        t_none = median_time(lambda: generate(tp, tcfg, prompt, 256, use_cache=False), repeats=1, warmup=0)
-        t_plain = median_time(lambda: generate(tp, tcfg, prompt, 256), repeats=3, warmup=1)
-        t_lean = median_time(lambda: generate(tp, tcfg, prompt, 256, step=lean_t), repeats=3, warmup=1)
-        out(f"\n256-token greedy generation: no cache {t_none:.3f} s, plain cache {t_plain:.3f} s, lean cache "
-            f"{t_lean:.3f} s ({t_none / t_lean:.0f}x and {t_plain / t_lean:.1f}x faster)")
-
-        out("\nV(T): a T-token call over a one-token call, position 64 (median of back-to-back pairs)")
-        costs = {"tiny, numpy": call_costs(numpy_t, sizes), "tiny, measured choice": call_costs(lean_t, sizes)}
-        large_cfg = STANDINS["12x768"]
-        counted = {"tiny": (step_counts(lean_builder(tcfg), tp, tcfg, 64, range(1, 10)), numpy_t, lean_t),
-                   "12x768 stand-in": (step_counts(lean_builder(large_cfg), standin_params(large_cfg), large_cfg, 64, range(1, 10)),)}
-        del numpy_t
-        large = standin("12x768", products="numpy")
-        costs["12x768 stand-in, numpy"] = call_costs(large, sizes, repeats=5)
-        counted["12x768 stand-in"] += (large,)
-        del large
-        large = standin("12x768")
-        costs["12x768 stand-in, measured choice"] = call_costs(large, sizes, repeats=5)
-        counted["12x768 stand-in"] += (large,)
-        predicted = {}  # {series: {T: Prediction}}
-        for model_name, (counts, *models) in counted.items():
-            for kind, model in zip(("numpy", "measured choice"), models):
-                predicted[f"{model_name}, {kind}"] = {T: predict(c, machine, model.products[T], "lean") for T, c in counts.items()}
-        out("  " + " " * 32 + "".join(f"{T:>6d}" for T in sizes) + "   1 token (ms)")
-        for name, v in costs.items():
-            p = predicted[name]
-            out(f"  {name:32s}" + "".join(f"{v[T]:6.2f}" for T in sizes) + f"   {v[0] * 1e3:8.3f}")
-            out(f"  {'  predicted':32s}" + "".join(f"{p[T].seconds / p[1].seconds:6.2f}" for T in sizes)
-                + f"   {p[1].seconds * 1e3:8.3f}")
-            for T in sizes:
-                pred.add(f"V(T), {name}", f"T = {T}", p[T].seconds / p[1].seconds, v[T])
-        out(f"  products chosen by row count: tiny {lean_t.products}, 12x768 {large.products}")
-        C = tcfg.n_embd
-        out(f"  one (T, {C + 1}) @ ({C + 1}, {3 * C}) product, us: " + ", ".join(
-            f"T={t}: " + " / ".join(f"{name} {us:.1f}" for name, us in row.items()) for t, row in _product_times(C).items()))
-        ratios["verify_5_large"] = costs["12x768 stand-in, measured choice"][5]
-        step_large, bytes_large = costs["12x768 stand-in, measured choice"][0], weight_bytes(large)
-        ratios["verify_5_large_vs_model"] = ratios["verify_5_large"] / (
-            predicted["12x768 stand-in, measured choice"][5].seconds / predicted["12x768 stand-in, measured choice"][1].seconds)
-        out("  decode step of each stand-in (ms): " + ", ".join(f"{n}" for n in STANDINS))
-        for name, scfg in STANDINS.items():
-            model = large if name == "12x768" else standin(name)
-            p = predict_calls(machine, lean_builder(scfg), standin_params(scfg), scfg, 64, (1,), model.products)[1] \
-                if name != "12x768" else predicted["12x768 stand-in, measured choice"][1]
-            t = step_large if name == "12x768" else median_time(cached_call(model, scfg, 64), repeats=5)
-            pred.add("decode step, stand-ins", name, p.seconds, t, p)
-            out(f"    {name:7s} measured {t * 1e3:7.2f}, predicted {p.seconds * 1e3:7.2f}")
-        ratios["large_vs_bandwidth"] = step_large / (bytes_large / machine.memory_bandwidth)
-        out(f"  12x768 stand-in decode step {step_large * 1e3:.1f} ms for {bytes_large / 1e6:.0f} MB of weights: it streamed "
-            f"{bytes_large / step_large / 1e9:.1f} GB/s against the card's {machine.memory_bandwidth / 1e9:.1f} GB/s "
-            f"({ratios['large_vs_bandwidth']:.2f}x the time of reading them at the card's rate)")
-
-        prompts, shadow = held_out_prompts(4), StandInStep(lean_t, large)
-        # the model's V(k+1) and c for both regimes: the trained target, and the trained target run beside the stand-in
-        tiny_p, large_p = predicted["tiny, measured choice"], predicted["12x768 stand-in, measured choice"]
-        draft_p = predict_calls(machine, lean_builder(dcfg), dp, dcfg, 64, (1,), lean_d.products)[1].seconds
-        model_vc = {"": ({T: tiny_p[T].seconds / tiny_p[1].seconds for T in tiny_p}, draft_p / tiny_p[1].seconds),
-                    "large_": ({T: (tiny_p[T].seconds + large_p[T].seconds) / (tiny_p[1].seconds + large_p[1].seconds)
-                                for T in tiny_p}, draft_p / (tiny_p[1].seconds + large_p[1].seconds))}
-        regimes = {"": (lean_t, draft_cost(lean_t, lean_d), costs["tiny, measured choice"], prompts, 96, (1, 2, 3, 4, 6, 8), 2),
-                   "large_": (shadow, draft_cost(shadow, lean_d, repeats=5), call_costs(shadow, sizes, repeats=5),
-                              prompts[:2], 48, (2, 3, 4, 6), 1)}
-        out(f"\nc (draft step / target step): {regimes[''][1]:.2f} at the trained target's cost, "
-            f"{regimes['large_'][1]:.4f} at the stand-in's")
-        out("speculative decoding vs target-only decoding, lean draft (Theorem 3.8 from the measured alpha and c; "
-            "'+verify': the same with the measured V(k+1))")
-        for tag, (tgt, c, v, ps, n, ks, repeats) in regimes.items():
-            out(f"  {'at the 12x768 stand-in' if tag else 'trained target'}'s cost, {len(ps)} prompts x {n} tokens")
-            for temp in (0.0, 0.7):
-                rows = sweep(tgt, {"draft": lean_d}, ps, n, ks, temp, repeats)
-                predictions(rows, c, v)
-                v_model, c_model = model_vc[tag]
-                for (_, k), r in rows.items():
-                    r["model"] = expected_speedup(r["alpha"], k, c_model, verify=v_model[k + 1])
-                    pred.add(f"speculative, {'stand-in' if tag else 'trained'} cost", f"T={temp} k={k}", r["model"], r["speedup"])
-                    out(f"    T={temp} k={k}: alpha {r['alpha']:.3f}, speed-up {r['speedup']:.2f}x "
-                        f"(Theorem 3.8: {r['theorem']:.2f}x, +verify: {r['with_verify']:.2f}x, cost model: {r['model']:.2f}x)")
-                k, best = max(((k, r) for (_, k), r in rows.items()), key=lambda kr: kr[1]["speedup"])
-                ratios[f"{tag}spec_{temp}"], ratios[f"{tag}spec_vs_verify_{temp}"] = best["speedup"], best["speedup"] / best["with_verify"]
-                ratios[f"{tag}spec_vs_model_{temp}"] = best["speedup"] / best["model"]
-                out(f"    -> best k = {k} at T={temp}: {best['speedup']:.2f}x ({'faster' if best['speedup'] > 1 else 'slower'}), "
-                    f"{best['speedup'] / best['with_verify']:.2f} of Theorem 3.8 with the measured V and c")
-
-        B, L = FUSED_POINT
-        out(f"\nbatched decode step at the 12x768 stand-in's cost (1,024 positions), batch {B} x context {L}, by KV "
-            "storage form (lib.measure.cachebytes: the fused paged read; predicted, then measured)")
-        fused = cachebytes.sweep(machine, cachebytes.standin(), standin_params(cachebytes.STANDIN), [FUSED_POINT])
-        for (_, _, dtype), r in fused.items():
-            ratios[f"fused_{dtype}"] = r["seconds"] / fused[B, L, "float32"]["seconds"]
-            ratios[f"fused_{dtype}_vs_model"] = r["seconds"] / r["predicted"]
-            pred.add("quantized cache step, stand-in", dtype, r["predicted"], r["seconds"])
-            out(f"  {dtype:8s} cache {r['kv_bytes'] / 1e6:5.0f} MB: {r['seconds'] * 1e3:6.1f} ms "
-                f"({ratios[f'fused_{dtype}']:.2f}x float32), predicted {r['predicted'] * 1e3:6.1f} ms")
-    ratios["calls_lean"] = calls_lean
-    pred.report()
-    h100, published = h100_line(out)
-    errors = np.abs(pred.errors())
-    out("")
-    serving_goals = serving_rows(out)
-    spec_gap = max(abs(ratios[f"large_spec_vs_verify_{t}"] - 1) for t in (0.0, 0.7))
-    fused_gap = max(abs(ratios[f"fused_{d}_vs_model"] - 1) for d in ("int8", "fp8", "int4"))
-    _goal_lines([
-        ("cost model: predicted points in this run >= 40", len(errors), len(errors) >= 40),
-        ("cost model: median |predicted / measured - 1| <= 0.15", np.median(errors), np.median(errors) <= 0.15),
-        ("cost model: worst |predicted / measured - 1| <= 0.40", errors.max(), errors.max() <= 0.40),
-    ] + ([("cost model: calibration <= 20 s", ratios["calibration_s"], ratios["calibration_s"] <= 20)] if fresh else []) + [
-        ("cost model: H100 data-sheet prediction / published measurement within 0.7..1.3", h100 / published,
-         0.7 <= h100 / published <= 1.3),
-        ("12x768 stand-in decode step <= 1.5 x weight bytes / read bandwidth", ratios["large_vs_bandwidth"],
-         ratios["large_vs_bandwidth"] <= 1.5),
-        ("V(5) on the 12x768 stand-in, measured / predicted within 0.75..1.33", ratios["verify_5_large_vs_model"],
-         0.75 <= ratios["verify_5_large_vs_model"] <= 1.33),
-        ("speculative at the stand-in's cost, best k, T=0.7 > 1 (a gain)", ratios["large_spec_0.7"], ratios["large_spec_0.7"] > 1),
-        ("... and >= 0.85 of the cost model's prediction", ratios["large_spec_vs_model_0.7"], ratios["large_spec_vs_model_0.7"] >= 0.85),
-        ("speculative at the stand-in's cost, best k, T=0 > 1 (a gain)", ratios["large_spec_0.0"], ratios["large_spec_0.0"] > 1),
-        ("... and >= 0.85 of the cost model's prediction", ratios["large_spec_vs_model_0.0"], ratios["large_spec_vs_model_0.0"] >= 0.85),
-        ("... within 15% of Theorem 3.8 with the measured V and c (largest gap)", spec_gap, spec_gap <= 0.15),
-        (f"quantized cache at the stand-in's cost (B {FUSED_POINT[0]} x L {FUSED_POINT[1]}): int8 step / float32 step <= 0.75", ratios["fused_int8"],
-         ratios["fused_int8"] <= 0.75),
-        ("... fp8 step / float32 step <= 0.8", ratios["fused_fp8"], ratios["fused_fp8"] <= 0.8),
-        ("... int4 step / float32 step <= 0.65", ratios["fused_int4"], ratios["fused_int4"] <= 0.65),
-        ("... the int8, fp8 and int4 steps within 20% of the cost model (worst measured / predicted - 1)", fused_gap,
-         fused_gap <= 0.2),
-        ("tiny lean step, measured products / numpy's products only <= 1.05", ratios["tiny_step"], ratios["tiny_step"] <= 1.05),
-        ("numpy calls per lean step <= 150", calls_lean, calls_lean <= 150),
-    ] + serving_goals, out)
-    return ratios
+    return goals
 
 
 if __name__ == "__main__":

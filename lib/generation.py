@@ -8,13 +8,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from lib.config import ModelConfig, is_int
 from lib.cache.kv_cache import KVCache
-from lib.model import cached_step
-from lib.model import forward
-from lib.checks import check_tokens
+from lib.checks import check_seed, check_temperature, check_tokens
+from lib.config import ModelConfig, is_int
+from lib.model import cached_step, forward
 from lib.sampling import next_token
-from lib.checks import check_seed, check_temperature
 from lib.tokenizer import VOCAB_SIZE, decode, encode
 
 

@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from lib.config import ModelConfig
 from lib.checks import check_params
+from lib.config import ModelConfig
 
 
 def mean_pool_kv(params: dict, cfg: ModelConfig, n_kv_head: int):

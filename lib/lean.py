@@ -36,12 +36,12 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from lib.timing import single_thread
+from lib.cache.kv_cache import KVCache
+from lib.checks import check_cache, check_params, check_tokens
 from lib.config import ModelConfig
 from lib.kernels import MAX_ROWS, candidates, fastest_products
-from lib.cache.kv_cache import KVCache
 from lib.model import GELU_C, LN_EPS
-from lib.checks import check_cache, check_params, check_tokens
+from lib.timing import single_thread
 
 GELU_S = (GELU_C * 0.044715) ** (1 / 3)  # h' = GELU_S * h makes the cubic coefficient 1
 SUM_MIN = 2.0 ** -100  # a row sum below this could lose precision to underflowed exponentials

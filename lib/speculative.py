@@ -56,7 +56,11 @@ def accept_or_resample(p, q, x: int, rng: np.random.Generator):
     p, q = check_pq(p, q)
     if not is_int(x) or not 0 <= x < q.size or q[x] == 0:
         raise ValueError(f"x must be a token the draft could draw: an integer in 0..{q.size - 1} with q[x] > 0, got {x!r}")
-    if check_rng(rng).random() < min(1.0, p[x] / q[x]):
+    return _accept_or_resample(p, q, x, check_rng(rng))
+
+
+def _accept_or_resample(p, q, x: int, rng: np.random.Generator):
+    if rng.random() < min(1.0, p[x] / q[x]):  # accepted with probability min(1, p(x) / q(x))
         return True, x
     return False, draw(_residual(p, q), rng)
 
@@ -67,8 +71,9 @@ def verify(ps, qs, drafted, temperature: float, rng: np.random.Generator):
     the residual at the first rejection or, if every one was accepted, from the target's next row.
     ps: (k + 1, V) the target's; qs: k draft distributions (V,). Returns (tokens accepted, next token)."""
     for i, x in enumerate(drafted):
-        if rng.random() >= min(1.0, ps[i][x] / qs[i][x]):
-            return i, draw(_residual(ps[i], qs[i]), rng)
+        ok, token = _accept_or_resample(ps[i], qs[i], x, rng)
+        if not ok:
+            return i, token
     last = ps[len(drafted)]  # (V,)
     return len(drafted), draw(last, rng) if temperature > 0 else int(np.argmax(last))
 

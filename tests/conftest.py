@@ -37,3 +37,16 @@ def pool_state(pool):
     """Everything a paged pool holds: the manager's counts and tables, and the K blocks."""
     m = pool.manager
     return copy.deepcopy((m.ref, list(m.free), m.tables, m.tokens, m.computed, m.hash_to_block)), [k.copy() for k in pool.k]
+
+
+BROWSER_TESTS = {"test_book_html.py", "test_live_kernel.py"}
+
+
+def pytest_collection_modifyitems(items):
+    """Markers by where a test lives: `-m "not notebooks and not browser"` is the quick loop."""
+    for item in items:
+        name = item.path.name
+        if name.endswith(".ipynb"):
+            item.add_marker(pytest.mark.notebooks)
+        elif name in BROWSER_TESTS:
+            item.add_marker(pytest.mark.browser)

@@ -7,23 +7,29 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import GQA, perturbed_params, pool_state
 
 from lib import tokenizer
-from lib.cache import memory, quant
-from lib.measure import stats
-from lib.config import DRAFT, ModelConfig
-from lib.gqa import mean_pool_kv
-from lib.generation import complete, generate
-from lib.cache.kv_cache import KVCache
-from lib.lean import LeanModel
-from lib.model import forward, forward_cached, load, save
-from lib.cache.paged import BlockManager, PagedKVCache
-from lib.sampling import probs_from_logits, sample
-from lib.speculative import (PromptLookup, accept_or_resample, expected_speedup, expected_tokens_per_call, residual,
-                             speculative_generate, step_distribution)
 from lib.book.widgets import slider_plot
-
-from conftest import GQA, perturbed_params, pool_state
+from lib.cache import memory, quant
+from lib.cache.kv_cache import KVCache
+from lib.cache.paged import BlockManager, PagedKVCache
+from lib.config import DRAFT, ModelConfig
+from lib.generation import complete, generate
+from lib.gqa import mean_pool_kv
+from lib.lean import LeanModel
+from lib.measure import stats
+from lib.model import forward, forward_cached, load, save
+from lib.sampling import probs_from_logits, sample
+from lib.speculative import (
+    PromptLookup,
+    accept_or_resample,
+    expected_speedup,
+    expected_tokens_per_call,
+    residual,
+    speculative_generate,
+    step_distribution,
+)
 
 PARAMS = perturbed_params(DRAFT, seed=3)
 OTHER = perturbed_params(GQA, seed=4)  # params of another config

@@ -2,16 +2,16 @@
 ragged positions and lengths, on contiguous and paged caches, on the plain and lean paths."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from conftest import GQA, MQA, perturbed_params
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lib.batch import BatchedModel
-from lib.config import TARGET
 from lib.cache.kv_cache import KVCache
+from lib.cache.paged import PagedKVCache
+from lib.config import TARGET
 from lib.lean import LeanModel
 from lib.model import forward
-from lib.cache.paged import PagedKVCache
-
-from conftest import GQA, MQA, perturbed_params
 
 MODELS = {name: (perturbed_params(cfg, seed=41), cfg) for name, cfg in (("gqa", GQA), ("mqa", MQA), ("target", TARGET))}
 

@@ -4,8 +4,9 @@ import math
 
 import pytest
 
-from lib.measure.costmodel import H100_SXM, Accelerator, Machine, cache_sizes, measure, predict, predict_decode
 from lib.cache.memory import from_hf_config
+from lib.measure.card import cache_sizes, measure
+from lib.measure.costmodel import H100_SXM, Accelerator, Machine, predict, predict_decode
 from lib.measure.counting import Op
 
 LEVELS = (256 * 2**10, 16 * 2**20, 256 * 2**20)
@@ -76,20 +77,20 @@ def test_calibration_gives_finite_positive_constants():
 
 
 def test_the_card_is_measured_once_kept_and_measured_again_when_its_key_changes(tmp_path, monkeypatch):
-    from lib.measure import costmodel
-    monkeypatch.setattr(costmodel, "CARD_DIR", tmp_path)
+    from lib.measure import card
+    monkeypatch.setattr(card, "CARD_DIR", tmp_path)
     measured = []
-    monkeypatch.setattr(costmodel, "measure", lambda: measured.append(1) or MACHINE)
-    first = costmodel.calibrate(out=None)
-    assert measured == [1] and first == MACHINE and costmodel.card_path().exists()
-    assert costmodel.calibrate(out=None) == MACHINE and measured == [1]  # loaded: the same constants, not measured
-    costmodel.calibrate(out=None, refresh=True)
+    monkeypatch.setattr(card, "measure", lambda: measured.append(1) or MACHINE)
+    first = card.calibrate(out=None)
+    assert measured == [1] and first == MACHINE and card.card_path().exists()
+    assert card.calibrate(out=None) == MACHINE and measured == [1]  # loaded: the same constants, not measured
+    card.calibrate(out=None, refresh=True)
     assert measured == [1, 1]
-    monkeypatch.setattr(costmodel, "card_key", lambda: {"cpu": "another"})
-    costmodel.calibrate(out=None)
+    monkeypatch.setattr(card, "card_key", lambda: {"cpu": "another"})
+    card.calibrate(out=None)
     assert measured == [1, 1, 1]  # another key: another card
-    costmodel.card_path().write_text("{not json")
-    costmodel.calibrate(out=None)
+    card.card_path().write_text("{not json")
+    card.calibrate(out=None)
     assert measured == [1, 1, 1, 1]  # an unreadable card is measured again
 
 

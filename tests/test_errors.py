@@ -3,14 +3,13 @@ import json
 
 import numpy as np
 import pytest
+from conftest import perturbed_params
 
+from lib.cache.kv_cache import KVCache
 from lib.config import DRAFT, ModelConfig
 from lib.generation import generate
-from lib.cache.kv_cache import KVCache
 from lib.model import forward, forward_cached, load, save
 from lib.sampling import probs_from_logits, sample
-
-from conftest import perturbed_params
 
 PARAMS = perturbed_params(DRAFT)
 

@@ -1,7 +1,8 @@
 """fp8 e4m3 storage (lib.cache.quant.fp8_encode / fp8_decode): exact rounding to the format, as vLLM stores its fp8 KV cache."""
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lib.cache.quant import E4M3, QMAX, dequantize, fp8_decode, fp8_encode, quantize
 

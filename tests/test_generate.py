@@ -1,13 +1,12 @@
 """Sampling and generation: greedy at temperature 0, seeded, distributed as the softmax says."""
 import numpy as np
 import pytest
+from conftest import perturbed_params
 
 from lib.config import DRAFT, TARGET
 from lib.generation import complete, generate
-from lib.sampling import probs_from_logits, sample
 from lib.measure.stats import chi_square_pvalue, tvd, tvd_noise_floor
-
-from conftest import perturbed_params
+from lib.sampling import probs_from_logits, sample
 
 
 def test_temperature_zero_is_one_hot_argmax():

@@ -1,11 +1,10 @@
 import numpy as np
 import pytest
+from conftest import perturbed_params
 
 from lib.config import TARGET
 from lib.gqa import mean_pool_kv
 from lib.model import forward
-
-from conftest import perturbed_params
 
 
 def test_pooling_identical_heads_changes_nothing():

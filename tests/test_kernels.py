@@ -1,7 +1,8 @@
 """The small-rows kernel is numpy's product, for every shape and row count it is used for."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lib.kernels import CANDIDATES, CLEAR_WIN, MAX_ROWS, candidates, fastest_products, rows_as_batch, rows_product
 

@@ -4,14 +4,14 @@ full-precision window the model's logits equal the float32 cache's; truncation n
 a read returns; a rerun of a step's write is the same as one write."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from conftest import GQA, perturbed_params
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lib.cache import kivi
 from lib.cache.kv_cache import KVCache
 from lib.lean import LeanModel
 from lib.model import forward_cached
-
-from conftest import GQA, perturbed_params
 
 PARAMS = perturbed_params(GQA, seed=11)
 Hkv, D = GQA.n_kv_head, GQA.head_dim

@@ -3,16 +3,16 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from lib.measure.counting import numpy_calls_per_step
+from lib.cache.kv_cache import KVCache
+from lib.cache.paged import PagedKVCache
 from lib.config import TARGET
 from lib.generation import generate
-from lib.cache.kv_cache import KVCache
 from lib.lean import LeanModel
-from lib.model import cached_step
-from lib.model import forward, forward_cached, load
-from lib.cache.paged import PagedKVCache
+from lib.measure.counting import numpy_calls_per_step
+from lib.model import cached_step, forward, forward_cached, load
 from lib.speculative import speculative_generate
 from lib.tokenizer import encode
 

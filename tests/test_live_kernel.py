@@ -10,12 +10,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-
 from pathlib import Path
 
 import nbformat
 import pytest
-
 from test_book_html import CHROMIUM, CHROMIUM_ARGS, SLIDER_CELL, need_chromium, open_page
 
 NOTEBOOK = "live.ipynb"

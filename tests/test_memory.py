@@ -3,9 +3,19 @@ import json
 import numpy as np
 import pytest
 
-from lib.config import DRAFT, TARGET, ModelConfig
 from lib.cache.kv_cache import KVCache
-from lib.cache.memory import H100, LLAMA_2_7B, LLAMA_3_8B, REAL_MODELS, GPU, kv_budget, from_hf_config, from_model_config, step_seconds
+from lib.cache.memory import (
+    GPU,
+    H100,
+    LLAMA_2_7B,
+    LLAMA_3_8B,
+    REAL_MODELS,
+    from_hf_config,
+    from_model_config,
+    kv_budget,
+    step_seconds,
+)
+from lib.config import DRAFT, TARGET, ModelConfig
 
 GIB, KIB = 2**30, 2**10
 

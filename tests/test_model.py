@@ -3,13 +3,13 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
-from lib.config import DRAFT, TARGET, ModelConfig
-from lib.cache.kv_cache import KVCache
-from lib.model import attention, forward, forward_cached, init_params
-
 from conftest import GQA, MQA, perturbed_params
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lib.cache.kv_cache import KVCache
+from lib.config import DRAFT, TARGET, ModelConfig
+from lib.model import attention, forward, forward_cached, init_params
 
 
 def test_parameter_counts_match_the_article():

@@ -2,14 +2,14 @@
 that such systems have had (each test is named after the bug it pins)."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
-from lib.config import TARGET
-from lib.cache.kv_cache import KVCache
-from lib.model import forward, forward_cached
-from lib.cache.paged import BlockManager, PagedKVCache
-
 from conftest import GQA, perturbed_params
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lib.cache.kv_cache import KVCache
+from lib.cache.paged import BlockManager, PagedKVCache
+from lib.config import TARGET
+from lib.model import forward, forward_cached
 
 PARAMS = perturbed_params(GQA, seed=31)
 step = lambda tokens, cache: forward_cached(PARAMS, GQA, tokens, cache)

@@ -4,18 +4,18 @@ Checked after every step against the plain reference: logits, every live sequenc
 a contiguous cache of its tokens, reference counts, and no leaked block."""
 import numpy as np
 import pytest
-from hypothesis import settings, strategies as st
+from conftest import GQA, perturbed_params
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from lib.generation import generate
 from lib.cache.kv_cache import KVCache
+from lib.cache.paged import PagedKVCache
+from lib.generation import generate
 from lib.lean import LeanModel
 from lib.model import forward, forward_cached, load
-from lib.cache.paged import PagedKVCache
 from lib.speculative import speculative_generate
 from lib.tokenizer import encode
-
-from conftest import GQA, perturbed_params
 
 PARAMS = perturbed_params(GQA, seed=41)
 step = lambda tokens, cache: forward_cached(PARAMS, GQA, tokens, cache)

@@ -1,15 +1,16 @@
 """KV quantization: codes and scales round-trip within half a step; caches store what they say."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from conftest import perturbed_params
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from lib.config import TARGET
 from lib.cache.kv_cache import KVCache
+from lib.cache.quant import dequantize, fp8_decode, fp8_encode, position_scales, quantize, smallest_coded
+from lib.config import TARGET
+from lib.kv_scales import kv_maxima
 from lib.model import forward, forward_cached
-from lib.cache.quant import calibrate, dequantize, position_scales, quantize, smallest_coded, fp8_decode, fp8_encode
-
-from conftest import perturbed_params
 
 values = arrays(np.float32, (2, 5, 8), elements=st.floats(-50, 50, width=32))
 
@@ -46,7 +47,7 @@ def test_static_scales_clip_outliers():
 def test_quantized_cache_stays_near_the_reference(kind, granularity, tol):
     params = perturbed_params(TARGET, seed=11)
     tokens = np.arange(120) * 5 % 96
-    cal = calibrate(params, TARGET, tokens[:60])
+    cal = kv_maxima(params, TARGET, tokens[:60])
     cache = KVCache(TARGET, 120, kind, granularity or "position", cal)
     out = np.concatenate([forward_cached(params, TARGET, tokens[:60], cache), forward_cached(params, TARGET, tokens[60:], cache)])
     assert np.abs(out - forward(params, TARGET, tokens)).max() < tol
@@ -77,7 +78,7 @@ def test_fp8_cache_stores_exactly_the_e4m3_rounding_of_k_and_v(granularity):
     (layer 0, whose K/V do not depend on what earlier layers read from the cache)."""
     params = perturbed_params(TARGET, seed=13)
     tokens = np.arange(40) * 7 % 96
-    cal = calibrate(params, TARGET, tokens)
+    cal = kv_maxima(params, TARGET, tokens)
     cache, ref = KVCache(TARGET, 40, "fp8", granularity, cal), KVCache(TARGET, 40)
     forward_cached(params, TARGET, tokens, cache)
     forward_cached(params, TARGET, tokens, ref)

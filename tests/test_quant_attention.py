@@ -3,24 +3,25 @@ cache to float32 first and then attending, for every dtype and scale granularity
 on a quantized pool equals decoding each sequence alone through the same pool's float32 read."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from conftest import GQA, perturbed_params
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from lib.cache import quant
 from lib.batch import BatchedModel
-from lib.cache.paged_kernel import attend_paged
+from lib.cache import quant
 from lib.cache.kv_cache import DTYPES
+from lib.cache.paged import PagedKVCache
+from lib.cache.paged_kernel import attend_paged
+from lib.kv_scales import kv_maxima
 from lib.lean import LeanModel
 from lib.model import attention
-from lib.cache.paged import PagedKVCache
-
-from conftest import GQA, perturbed_params
 
 KINDS = [(kind, g) for kind in DTYPES for g in (quant.GRANULARITIES if kind in quant.QMAX else ("position",))]
 PARAMS = perturbed_params(GQA, seed=7)
 
 
 def _pool(kind, granularity, num_blocks=12, block_size=4):
-    calibration = quant.calibrate(PARAMS, GQA, np.arange(40) % GQA.vocab_size)
+    calibration = kv_maxima(PARAMS, GQA, np.arange(40) % GQA.vocab_size)
     return PagedKVCache(GQA, num_blocks, block_size, dtype=kind, granularity=granularity, calibration=calibration)
 
 

@@ -3,16 +3,17 @@ reason; it never stalls, and the pool ends empty. Time comes from a cost model h
 schedule is the same on every run."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from lib.batch import BatchedModel
 from lib.generation import generate
 from lib.lean import LeanModel
-from lib.model import load
-from lib.batch import BatchedModel
+from lib.measure.clocks import FittedClock, StandInClock, crossing, crossover_rate, fit_clock, steady_state
 from lib.measure.counting import batched_call
-from lib.timing import single_thread
-from lib.measure.clocks import StandInClock, FittedClock, crossing, crossover_rate, fit_clock, steady_state
+from lib.model import load
 from lib.serve import LADDER, Policy, Request, make_trace, serve
+from lib.timing import single_thread
 
 PARAMS, CFG = load("target")
 LEAN = LeanModel(PARAMS, CFG)

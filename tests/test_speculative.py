@@ -2,19 +2,17 @@
 by sampling against the noise floor, and greedy-equal at temperature 0."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from conftest import perturbed_params
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from lib.config import DRAFT, TARGET, ModelConfig
 from lib.generation import generate
+from lib.measure.stats import chi_square_pvalue
 from lib.model import forward
 from lib.sampling import probs_from_logits
-from lib.speculative import (PromptLookup, expected_speedup, expected_tokens_per_call,
-                             speculative_generate, step_distribution)
-
-from lib.measure.stats import chi_square_pvalue
-
-from conftest import perturbed_params
+from lib.speculative import PromptLookup, expected_speedup, expected_tokens_per_call, speculative_generate, step_distribution
 
 logits = arrays(np.float64, 12, elements=st.floats(-8, 8))
 

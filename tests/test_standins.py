@@ -2,14 +2,14 @@
 import numpy as np
 import pytest
 
-from lib.corpus import held_out_prompts
-from lib.config import ModelConfig
-from lib.generation import generate
 from lib.cache.kv_cache import KVCache
+from lib.config import ModelConfig
+from lib.corpus import held_out_prompts
+from lib.generation import generate
 from lib.lean import LeanModel
+from lib.measure.standins import STANDINS, StandInStep, standin, standin_params, weight_bytes
 from lib.model import forward, load
 from lib.speculative import speculative_generate
-from lib.measure.standins import STANDINS, StandInStep, standin, standin_params, weight_bytes
 
 SMALL = ModelConfig(n_layer=2, n_head=6, n_kv_head=3, n_embd=48)  # a shape unlike the trained models'
 

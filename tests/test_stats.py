@@ -1,7 +1,7 @@
 import numpy as np
 
-from lib.sampling import probs_from_logits
 from lib.measure.stats import chi_square_pvalue, pool_rare, tvd, tvd_noise_floor, two_sample_tvd_null
+from lib.sampling import probs_from_logits
 
 
 def test_noise_floor_predicts_the_tvd_of_samples():

@@ -1,13 +1,14 @@
 """The sweep's bookkeeping: distributions from SpecStats, the formula's, and the sweep's rows."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lib.corpus import held_out_prompts
 from lib.lean import LeanModel
+from lib.measure.sweep import call_costs, merged, predictions, sweep, tokens_per_call_distribution, truncated_geometric
 from lib.model import load
 from lib.speculative import speculative_generate
-from lib.measure.sweep import call_costs, merged, predictions, sweep, tokens_per_call_distribution, truncated_geometric
 
 
 @settings(max_examples=50, deadline=None)
@@ -46,9 +47,9 @@ def test_sweep_rows_hold_the_measurements_and_predictions():
 def test_acceptance_on_text_is_the_mean_overlap_of_the_two_distributions():
     """alpha from text: 1 for a model against itself; otherwise the mean over positions of
     sum(min(p, q)) (at temperature 0, of argmax agreement), each window read as its own pass."""
+    from lib.measure.sweep import acceptance_on_text
     from lib.model import forward
     from lib.sampling import probs_from_logits
-    from lib.measure.sweep import acceptance_on_text
     target, draft = load("target"), load("draft")
     text = np.arange(300) % target[1].vocab_size
     assert acceptance_on_text(target, target, text, (0.0, 0.7)) == pytest.approx({0.0: 1.0, 0.7: 1.0}, abs=1e-12)

@@ -1,13 +1,12 @@
 """The counters behind the book's FLOP and byte figures."""
 import numpy as np
-
-from lib.timing import median_time
-from lib.measure.counting import count_ops, numpy_calls_per_step, step_counts
-from lib.config import TARGET
-from lib.cache.kv_cache import KVCache
-from lib.model import forward_cached
-
 from conftest import perturbed_params
+
+from lib.cache.kv_cache import KVCache
+from lib.config import TARGET
+from lib.measure.counting import count_ops, numpy_calls_per_step, step_counts
+from lib.model import forward_cached
+from lib.timing import median_time
 
 
 def test_matmul_flops_and_bytes_come_from_the_shapes():

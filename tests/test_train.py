@@ -2,13 +2,12 @@
 against the reference forward, and the optimiser's schedule."""
 import numpy as np
 import pytest
+from conftest import perturbed_params
 
 from lib.config import ModelConfig
 from lib.corpus import MODULES, load_corpus
 from lib.model import forward
 from lib.train import loss_and_grads, lr_at, train
-
-from conftest import perturbed_params
 
 TINY = ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=8, block_size=8)
 

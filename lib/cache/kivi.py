@@ -27,8 +27,8 @@ the full-precision part, so what a read returns never changes.
 """
 import numpy as np
 
-from lib.config import ModelConfig, is_int
 from lib.cache.kv_cache import KVCache
+from lib.config import ModelConfig, is_int
 
 BITS = (2, 4)
 

@@ -5,11 +5,12 @@ stored and reused (Pope et al. 2022, "Efficiently Scaling Transformer Inference"
 preallocated per layer as (n_kv_head, max_len, head_dim), like llama2.c's key_cache; the
 first `n` positions are valid. float16 halves the bytes; fp8 (e4m3), int8 and int4 store codes with
 scales (`lib.cache.quant`): per position (float16, computed on write) or fixed per head or per
-tensor (from `quant.calibrate`). Reads always return float32.
+tensor (from `lib.kv_scales.kv_maxima`). Reads always return float32.
 """
 import numpy as np
 
 from lib.cache import quant
+from lib.checks import check_config
 from lib.config import ModelConfig, is_int
 
 DTYPES = ("float32", "float16", "fp8", "int8", "int4")
@@ -20,8 +21,7 @@ def storage(cfg: ModelConfig, dtype, granularity: str, calibration=None):
     """(kind, granularity or None, stored numpy dtype, values per position and head as stored) of a
     cache of `dtype` (a name of DTYPES or a numpy dtype), checked with its granularity and, when
     given, its calibration: the one rule for every K/V store (`KVCache`, `lib.cache.paged.PagedKVCache`)."""
-    if not isinstance(cfg, ModelConfig):
-        raise TypeError(f"cfg must be a lib.config.ModelConfig, got {type(cfg).__name__}")
+    check_config(cfg)
     kind = dtype if isinstance(dtype, str) else getattr(dtype, "__name__", None) or getattr(dtype, "name", None)
     if kind not in DTYPES:
         raise ValueError(f"KV cache dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -35,9 +35,9 @@ def storage(cfg: ModelConfig, dtype, granularity: str, calibration=None):
 
 
 def check_calibration(cfg: ModelConfig, kind: str, calibration) -> None:
-    """The pair (k_max, v_max) from lib.cache.quant.calibrate: finite maxima > 0 of shape (n_layer, n_kv_head)."""
+    """The pair (k_max, v_max) from lib.kv_scales.kv_maxima: finite maxima > 0 of shape (n_layer, n_kv_head)."""
     if not (isinstance(calibration, (tuple, list)) and len(calibration) == 2):
-        raise ValueError(f"calibration must be the pair (k_max, v_max) from lib.cache.quant.calibrate, got {calibration!r:.80}")
+        raise ValueError(f"calibration must be the pair (k_max, v_max) from lib.kv_scales.kv_maxima, got {calibration!r:.80}")
     expected = (cfg.n_layer, cfg.n_kv_head)
     for name, m in zip(("k_max", "v_max"), calibration):
         if np.shape(m) != expected:
@@ -47,10 +47,10 @@ def check_calibration(cfg: ModelConfig, kind: str, calibration) -> None:
 
 def fixed_scales(kind: str, granularity: str, calibration):
     """Per layer, the fixed K and V scales of 'head' ((Hkv, 1, 1)) or 'tensor' ((1, 1, 1)) granularity,
-    from a checked `calibration` = lib.cache.quant.calibrate(params, cfg, tokens)."""
+    from a checked `calibration` = lib.kv_scales.kv_maxima(params, cfg, tokens)."""
     if calibration is None:
         raise ValueError(f"granularity {granularity!r} needs fixed scales: pass "
-                         f"calibration=lib.cache.quant.calibrate(params, cfg, tokens)")
+                         f"calibration=lib.kv_scales.kv_maxima(params, cfg, tokens)")
     k_max, v_max = calibration
     return quant.static_scales(k_max, granularity, kind), quant.static_scales(v_max, granularity, kind)
 
@@ -97,8 +97,8 @@ class KVCache:
         if not is_int(layer) or not 0 <= layer < self.cfg.n_layer:
             raise ValueError(f"layer must be an integer in 0..{self.cfg.n_layer - 1}, got {layer!r}")
 
-    def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
-        """Store K, V (Hkv, T, D) of T new positions at n..n+T-1 (n advances in `advance`)."""
+    def _check_kv(self, layer, k, v) -> int:
+        """The number T of new positions in K, V (Hkv, T, D), once they fit after n."""
         self._check_layer(layer)
         shape_k, shape_v = getattr(k, "shape", ()), getattr(v, "shape", ())  # attributes: no numpy call in the hot path
         T = shape_k[1] if len(shape_k) == 3 else 0
@@ -107,6 +107,17 @@ class KVCache:
             raise ValueError(f"k and v must be (n_kv_head, T, head_dim) = (Hkv, T, {self.cfg.head_dim}) with "
                              f"T >= 1, got shapes {np.shape(k)} and {np.shape(v)}")
         self.check_room(T)
+        return T
+
+    def _check_end(self, layer, end) -> None:
+        self._check_layer(layer)
+        if not is_int(end) or not 1 <= end <= self.written[layer]:
+            raise ValueError(f"end must be an integer in 1..{self.written[layer]}: layer {layer} of the KV cache "
+                             f"holds {self.written[layer]} written positions, got {end!r}")
+
+    def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Store K, V (Hkv, T, D) of T new positions at n..n+T-1 (n advances in `advance`)."""
+        T = self._check_kv(layer, k, v)
         new = slice(self.n, self.n + T)
         if self.granularity is None:  # float32 or float16: a plain store (cast on assignment)
             self.k[layer][:, new] = k
@@ -127,10 +138,7 @@ class KVCache:
 
     def read(self, layer: int, end: int):
         """K, V of positions 0..end-1 as float32, each (Hkv, end, D): only positions written."""
-        self._check_layer(layer)
-        if not is_int(end) or not 1 <= end <= self.written[layer]:
-            raise ValueError(f"end must be an integer in 1..{self.written[layer]}: layer {layer} of the KV cache "
-                             f"holds {self.written[layer]} written positions, got {end!r}")
+        self._check_end(layer, end)
         k, v = self.k[layer][:, :end], self.v[layer][:, :end]
         if self.granularity is not None:
             ks, vs = self.k_scale[layer], self.v_scale[layer]

@@ -14,9 +14,9 @@ import numpy as np
 
 from lib.cache import quant
 from lib.cache.blocks import BlockManager
-from lib.config import ModelConfig, is_int
 from lib.cache.kv_cache import check_step, fixed_scales, storage
 from lib.checks import check_tokens
+from lib.config import ModelConfig, is_int
 
 
 class PagedKVCache:

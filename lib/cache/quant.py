@@ -121,18 +121,6 @@ def smallest_coded(kind: str) -> float:
     return float(np.nextafter(np.float32(step / 2 * np.finfo(np.float16).tiny), np.float32(1)))
 
 
-def calibrate(params, cfg, tokens):
-    """Max |K| and |V| per layer and KV head over a calibration text: two (n_layer, Hkv) arrays."""
-    from lib.cache.kv_cache import KVCache
-    from lib.model import forward_cached
-    from lib.checks import check_tokens
-    cache = KVCache(cfg, len(check_tokens(tokens, cfg)))
-    forward_cached(params, cfg, tokens, cache)
-    k_max = np.array([np.abs(k[:, :len(tokens)]).max(axis=(1, 2)) for k in cache.k])  # (L, Hkv)
-    v_max = np.array([np.abs(v[:, :len(tokens)]).max(axis=(1, 2)) for v in cache.v])  # (L, Hkv)
-    return k_max, v_max
-
-
 def static_scales(absmax, granularity: str, kind: str):
     """Per layer, the fixed scale for 'head' (Hkv, 1, 1) or 'tensor' (1, 1, 1) granularity, float32."""
     if granularity not in ("head", "tensor"):

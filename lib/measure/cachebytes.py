@@ -21,11 +21,11 @@ import dataclasses
 
 import numpy as np
 
-from lib.measure.counting import pool_call
-from lib.measure.costmodel import lean_builder, predict_calls
-from lib.lean import LeanModel
 from lib.cache.paged import PagedKVCache
 from lib.cache.paged_kernel import attend_paged
+from lib.lean import LeanModel
+from lib.measure.costmodel import lean_builder, predict_calls
+from lib.measure.counting import pool_call
 from lib.measure.standins import STANDINS, standin_params
 from lib.timing import median_time
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from lib.batch import BatchedModel
-from lib.measure.counting import batched_call
-from lib.config import is_int
 from lib.cache.paged import PagedKVCache
+from lib.config import is_int
+from lib.measure.counting import batched_call
 from lib.timing import median_time
 
 

@@ -16,8 +16,8 @@ import math
 
 import numpy as np
 
-from lib.config import ModelConfig
 from lib.cache.kv_cache import KVCache
+from lib.config import ModelConfig
 from lib.lean import LeanModel
 from lib.model import cached_step
 

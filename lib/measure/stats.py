@@ -9,8 +9,8 @@ Pearson's chi-square test (Pearson 1900) pools outcomes expected fewer than 5 ti
 import numpy as np
 from scipy import stats
 
-from lib.config import is_int
 from lib.checks import check_seed
+from lib.config import is_int
 
 
 def check_distribution(p, name: str = "p", tol: float = 1e-6) -> np.ndarray:

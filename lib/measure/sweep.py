@@ -10,14 +10,13 @@ import time
 
 import numpy as np
 
-from lib.timing import paired_times
-from lib.measure.counting import cached_call
-from lib.generation import generate
-from lib.model import cached_step
-from lib.model import forward
-from lib.sampling import probs_from_logits
 from lib.checks import check_temperature
+from lib.generation import generate
+from lib.measure.counting import cached_call
+from lib.model import cached_step, forward
+from lib.sampling import probs_from_logits
 from lib.speculative import expected_speedup, expected_tokens_per_call, speculative_generate
+from lib.timing import paired_times
 
 
 def _median_ratio(baseline, candidate, repeats):

@@ -1,0 +1,150 @@
+"""The engine's floors: every import in lib goes to its own floor or one below, there is no
+import circle, modules and functions stay small, and the README's Layout lists the tree.
+
+The floor order is written once, here (FLOORS); the README describes it."""
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LIB = ROOT / "lib"
+
+FLOORS = [  # lowest first: a module may import its own floor and any floor below it
+    ("ground", ["lib.config", "lib.tokenizer", "lib.timing"]),
+    ("checks", ["lib.checks"]),
+    ("storage", ["lib.cache"]),
+    ("reference", ["lib.model", "lib.sampling", "lib.corpus", "lib.generation", "lib.speculative", "lib.gqa",
+                   "lib.kv_scales", "lib.train"]),
+    ("fast paths", ["lib.kernels", "lib.lean", "lib.batch"]),
+    ("serving", ["lib.serve"]),
+    ("measuring", ["lib.measure"]),
+    ("report and book", ["lib.bench", "lib.book", "lib"]),  # `lib` itself: the package's re-exports
+]
+WRONG_WAY = [  # arrows that once ran downward-to-upward; the floors must forbid each
+    ("lib.cache.quant", "lib.model"),  # storage ran the model (K/V calibration)
+    ("lib.cache.paged", "lib.model"),  # storage took check helpers from the model
+    ("lib.serve.server", "lib.measure.standins"),  # the scheduler imported the studies
+    ("lib.serve.server", "lib.measure.sweep"),
+    ("lib.generation", "lib.lean"),  # the reference imported a fast path
+    ("lib.timing", "lib.cache.kv_cache"),  # the timers imported a cache
+]
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 350, 80
+LONG_FUNCTIONS = {}  # "module:function" -> why it may be longer
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(LIB.rglob("*.py"))}
+
+
+def floor(module: str) -> int:
+    """The floor of a module: the longest prefix listed in FLOORS."""
+    best = max(((len(prefix), i) for i, (_, prefixes) in enumerate(FLOORS) for prefix in prefixes
+                if module == prefix or module.startswith(prefix + ".")), default=None)
+    if best is None:
+        raise AssertionError(f"{module} is on no floor: add it to FLOORS in tests/test_layers.py")
+    return best[1]
+
+
+def imports(path: Path) -> set:
+    """The lib modules a file imports, at module level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "lib"}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import; lib imports by absolute name"
+            if node.module and node.module.split(".")[0] == "lib":
+                for a in node.names:  # `from lib.cache import quant` imports the module lib.cache.quant
+                    sub = f"{node.module}.{a.name}"
+                    found.add(sub if sub in MODULES else node.module)
+    return found
+
+
+GRAPH = {m: imports(p) - {m} for m, p in MODULES.items()}
+
+
+def allowed(importer: str, imported: str) -> bool:
+    return floor(imported) <= floor(importer)
+
+
+def test_every_module_is_on_a_floor():
+    for module in MODULES:
+        floor(module)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_go_only_downward(module):
+    upward = sorted(m for m in GRAPH[module] if not allowed(module, m))
+    assert not upward, f"{module} ({FLOORS[floor(module)][0]}) imports upward: " + ", ".join(
+        f"{m} ({FLOORS[floor(m)][0]})" for m in upward)
+
+
+@pytest.mark.parametrize("importer, imported", WRONG_WAY)
+def test_the_arrows_that_once_ran_upward_are_forbidden(importer, imported):
+    assert not allowed(importer, imported)
+    assert imported not in GRAPH.get(importer, set())
+
+
+def test_no_import_circle():
+    """Modules (the package inits aside: importing lib.x runs lib/__init__ first, by Python's rule)."""
+    graph = {m: {d for d in deps if MODULES[d].name != "__init__.py"} for m, deps in GRAPH.items()
+             if MODULES[m].name != "__init__.py"}
+    done, path = set(), []
+
+    def visit(m):
+        if m in path:
+            raise AssertionError("import circle: " + " -> ".join(path[path.index(m):] + [m]))
+        if m in done:
+            return
+        path.append(m)
+        for d in sorted(graph.get(m, ())):
+            visit(d)
+        path.pop()
+        done.add(m)
+    for m in sorted(graph):
+        visit(m)
+
+
+def test_modules_and_functions_stay_small():
+    long_modules = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long_modules, f"modules over {MAX_MODULE_LINES} lines: {long_modules}"
+    long_functions = {}
+    for m, p in MODULES.items():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES and f"{m}:{node.name}" not in LONG_FUNCTIONS:
+                    long_functions[f"{m}:{node.name}"] = n
+    assert not long_functions, f"functions over {MAX_FUNCTION_LINES} lines: {long_functions}"
+
+
+def layout_entries() -> set:
+    """The paths the README's Layout lists under lib/, from its indentation."""
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index("## Layout"):]
+    block = block[block.index("```\n") + 4:]
+    block = block[:block.index("```")]
+    entries, stack = set(), []
+    for line in block.splitlines():
+        match = re.match(r"( *)(\S+)", line)
+        if not match:
+            continue
+        depth, name = len(match[1]) // 2, match[2]
+        stack = stack[:depth] + [name]
+        if stack[0] == "lib/" and depth:
+            entries.add("".join(stack[1:]))
+    return entries
+
+
+def test_the_readme_layout_lists_the_tree():
+    tree = {str(p.relative_to(LIB)) for p in LIB.rglob("*.py") if p.name != "__init__.py"}
+    tree |= {str(p.relative_to(LIB)) + "/" for p in LIB.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    listed = layout_entries()
+    assert not tree - listed, f"in lib/ but not in the README's Layout: {sorted(tree - listed)}"
+    assert not listed - tree, f"in the README's Layout but not in lib/: {sorted(listed - tree)}"
