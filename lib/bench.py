@@ -23,7 +23,7 @@ from lib.measure.costmodel import Predictions, describe, h100_line, lean_builder
 from lib.measure.counting import cached_call, numpy_calls_per_step, step_counts
 from lib.measure.load_study import decode_speedup, load_study
 from lib.measure.standins import STANDINS, StandInStep, standin, standin_params, weight_bytes
-from lib.measure.sweep import call_costs, draft_cost, predictions, sweep
+from lib.measure.sweep import call_costs, draft_cost, k_sweep, predictions
 from lib.model import cached_step, load
 from lib.speculative import expected_speedup
 from lib.timing import matmul_gflops, median_time, memory_gbps, paired, single_thread
@@ -241,7 +241,7 @@ def speculative_section(b: Bench, costs, predicted, large) -> list:
     for tag, (tgt, c, v, ps, n, ks, repeats) in regimes.items():
         out(f"  {'at the 12x768 stand-in' if tag else 'trained target'}'s cost, {len(ps)} prompts x {n} tokens")
         for temp in (0.0, 0.7):
-            rows = sweep(tgt, {"draft": lean_d}, ps, n, ks, temp, repeats)
+            rows = k_sweep(tgt, {"draft": lean_d}, ps, n, ks, temp, repeats)
             predictions(rows, c, v)
             v_model, c_model = model_vc[tag]
             for (_, k), r in rows.items():
@@ -268,7 +268,7 @@ def quantized_section(b: Bench) -> list:
     B, L = FUSED_POINT
     b.out(f"\nbatched decode step at the 12x768 stand-in's cost (1,024 positions), batch {B} x context {L}, by KV "
           "storage form (lib.measure.cachebytes: the fused paged read; predicted, then measured)")
-    fused = cachebytes.sweep(b.machine, cachebytes.standin(), standin_params(cachebytes.STANDIN), [FUSED_POINT])
+    fused = cachebytes.storage_sweep(b.machine, cachebytes.long_standin(), standin_params(cachebytes.LONG_STANDIN), [FUSED_POINT])
     ratio = {d: r["seconds"] / fused[B, L, "float32"]["seconds"] for (_, _, d), r in fused.items()}
     for (_, _, dtype), r in fused.items():
         b.pred.add("quantized cache step, stand-in", dtype, r["predicted"], r["seconds"])

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from lib.corpus import held_out_prompts
 from lib.lean import LeanModel
-from lib.measure.sweep import call_costs, merged, predictions, sweep, tokens_per_call_distribution, truncated_geometric
+from lib.measure.sweep import call_costs, k_sweep, merged, predictions, tokens_per_call_distribution, truncated_geometric
 from lib.model import load
 from lib.speculative import speculative_generate
 
@@ -34,7 +34,7 @@ def test_tokens_per_call_distribution_counts_every_round():
 
 def test_sweep_rows_hold_the_measurements_and_predictions():
     target, draft = LeanModel(*load("target")), LeanModel(*load("draft"))
-    rows = sweep(target, {"draft": draft}, held_out_prompts(2), 12, [1, 3], 0.0)
+    rows = k_sweep(target, {"draft": draft}, held_out_prompts(2), 12, [1, 3], 0.0)
     costs = call_costs(target, [2, 4], repeats=1)
     predictions(rows, 0.25, costs)
     assert set(rows) == {("draft", 1), ("draft", 3)}

@@ -79,16 +79,16 @@ def _half(c):
     return bits_to_float(np.int32(((b & 0x8000) << 16) | ((b & 0x7FFF) << 13)))
 
 
-NUMBER, E4M3, HALF, NIBBLES = range(4)  # how codes become numbers: the `form` the kernel is compiled for
+NUMBER, E4M3_BITS, HALF, NIBBLES = range(4)  # how codes become numbers: the `form` the kernel is compiled for
 # Per stored form: (form, what decoding multiplies values by, how the kernel views the codes)
-FORMS = {"float32": (NUMBER, 1.0, None), "int8": (NUMBER, 1.0, None), "fp8": (E4M3, 2.0 ** -120, None),
+FORMS = {"float32": (NUMBER, 1.0, None), "int8": (NUMBER, 1.0, None), "fp8": (E4M3_BITS, 2.0 ** -120, None),
          "float16": (HALF, 2.0 ** -112, np.uint16), "int4": (NIBBLES, 1.0, None)}
 
 
 @njit(inline="always")
 def _decode(form, c):
     """A code as float32, times FORMS' factor (`form` is a compile-time constant: one branch remains)."""
-    if form == E4M3:
+    if form == E4M3_BITS:
         return _e4m3(c)
     if form == HALF:
         return _half(c)

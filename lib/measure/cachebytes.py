@@ -10,7 +10,7 @@ does (`attend_paged`). The sequences' K and V are random values of the model's s
 through the pool's own quantizing store: attention's cost depends on the shapes, not the values.
 
 The stand-in here is the 12x768 one with GPT-2 small's own context of 1,024 positions
-(`STANDIN`), so the cache can reach about four times the weights' bytes at a batch of 16.
+(`LONG_STANDIN`), so the cache can reach about four times the weights' bytes at a batch of 16.
 
 The prediction adds two parts: the step without its attention, from `lib.measure.costmodel` (the
 counted numpy work of a call over B new rows), and attention, as the larger of its bytes at the
@@ -30,12 +30,12 @@ from lib.measure.standins import STANDINS, standin_params
 from lib.timing import median_time
 
 DTYPES = ("float32", "float16", "fp8", "int8", "int4")
-STANDIN = dataclasses.replace(STANDINS["12x768"], block_size=1024)  # GPT-2 small: 12 x 768, 1,024 positions
+LONG_STANDIN = dataclasses.replace(STANDINS["12x768"], block_size=1024)  # GPT-2 small: 12 x 768, 1,024 positions
 
 
-def standin() -> LeanModel:
-    """The lean model of STANDIN (random weights, for timing only)."""
-    return LeanModel(standin_params(STANDIN), STANDIN)
+def long_standin() -> LeanModel:
+    """The lean model of LONG_STANDIN (random weights, for timing only)."""
+    return LeanModel(standin_params(LONG_STANDIN), LONG_STANDIN)
 
 
 def filled_pools(cfg, dtypes, batch: int, context: int, block_size: int = 16, seed: int = 0) -> dict:
@@ -104,7 +104,7 @@ def predict_attention(machine, model, batch: int, context: int, kv_bytes: int, p
     return max(kv_bytes / machine.bandwidth(weights + kv_bytes), values * per_value)
 
 
-def sweep(machine, model, params, points, dtypes=DTYPES, rounds: int = 5) -> dict:
+def storage_sweep(machine, model, params, points, dtypes=DTYPES, rounds: int = 5) -> dict:
     """{(batch, context, dtype): dict(seconds, predicted, attention, kv_bytes, per_value, ratios)} for
     every point and storage form, each predicted before it is timed. At each point the forms'
     steps are timed in turn, `rounds` times, so a drift of the machine's speed reaches them all;

@@ -90,7 +90,7 @@ def merged(stats_list) -> dict:
     return total
 
 
-def sweep(target, drafts: dict, prompts, n_new: int, ks, temperature: float, repeats: int = 1) -> dict:
+def k_sweep(target, drafts: dict, prompts, n_new: int, ks, temperature: float, repeats: int = 1) -> dict:
     """Speculative decoding with each draft in `drafts` ({name: model}) and each k, against
     target-only decoding of the same prompts and seeds: {(name, k): {alpha, tpc (tokens per target
     call), formula (eq. 1), speedup (measured, median over repeats), identical (temperature 0:
