@@ -118,6 +118,8 @@ CASES = [
     ("HF config None", lambda: memory.from_hf_config(None), TypeError, "config must be a dict or the path of a config.json, got NoneType"),
     ("HF config at a path that does not exist", lambda: memory.from_hf_config("/nonexistent/config.json"), FileNotFoundError, "config file /nonexistent/config.json does not exist"),
     ("HF config with layer_types a number", lambda: memory.from_hf_config(HF | {"layer_types": 2}), ValueError, "layer_types must be a list of strings, got 2"),
+    ("HF config with an unknown layer type", lambda: memory.from_hf_config(HF | {"num_hidden_layers": 2, "layer_types": ["full_attention", "linear_attention"]}), ValueError, "entries \\['linear_attention'\\] are not full_attention or sliding_attention"),
+    ("HF config with sliding layers but no window", lambda: memory.from_hf_config(HF | {"num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"]}), ValueError, "no sliding_window"),
     ("load with a folder None", lambda: load("draft", folder=None), TypeError, "folder must be a path, got NoneType"),
     ("load with a name None", lambda: load(None), TypeError, "name must be the file stem of a checkpoint"),
     ("static scales of an unknown granularity", lambda: quant.static_scales(np.ones((1, 2)), "block", "int8"), ValueError, "granularity of fixed scales must be head or tensor, got 'block'"),

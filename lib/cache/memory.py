@@ -198,6 +198,9 @@ def read_config(config) -> dict:
     return fields
 
 
+LAYER_TYPES = ("full_attention", "sliding_attention")  # the layer_types entries whose K/V bytes the formula knows
+
+
 def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = "") -> KVSpec:
     """A KVSpec from a Hugging Face config.json (path or dict).
 
@@ -234,6 +237,12 @@ def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = 
             raise ValueError(f"config.json's layer_types must be a list of strings, got {types!r:.80}")
         if len(types) != layers:
             raise ValueError(f"layer_types has {len(types)} entries for {layers} layers")
+        unknown = sorted(set(types) - set(LAYER_TYPES))
+        if unknown:  # another attention (linear, chunked, ...) caches differently: never read it as full
+            raise ValueError(f"layer_types entries {unknown} are not {' or '.join(LAYER_TYPES)}: this formula "
+                             f"knows the KV bytes of those two only")
+        if "sliding_attention" in types and window is None:
+            raise ValueError("layer_types has sliding_attention layers but the config gives no sliding_window")
         windows = tuple(window if t == "sliding_attention" else None for t in types)
     elif window is not None and config.get("use_sliding_window", True):
         windows = (window,) * layers
