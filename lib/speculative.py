@@ -60,22 +60,24 @@ def accept_or_resample(p, q, x: int, rng: np.random.Generator):
 
 
 def _accept_or_resample(p, q, x: int, rng: np.random.Generator):
-    if rng.random() < min(1.0, p[x] / q[x]):  # accepted with probability min(1, p(x) / q(x))
+    if rng.random() < min(1.0, p[x] / q[x]):  # with probability min(1, p/q)
         return True, x
     return False, draw(_residual(p, q), rng)
 
 
 def verify(ps, qs, drafted, temperature: float, rng: np.random.Generator):
-    """One round of Leviathan et al.'s rule, for distributions this engine computed: accept drafted
-    tokens while the target agrees (`accept_or_resample` without its checks), then one token, from
-    the residual at the first rejection or, if every one was accepted, from the target's next row.
-    ps: (k + 1, V) the target's; qs: k draft distributions (V,). Returns (tokens accepted, next token)."""
+    """One round of Leviathan et al.'s rule on the engine's distributions:
+    accept drafted tokens while the target agrees, then one token: from the
+    residual at the first rejection, or, if all were accepted, from the
+    target's next row. ps: (k + 1, V) the target's; qs: k draft rows (V,).
+    Returns (tokens accepted, next token)."""
     for i, x in enumerate(drafted):
         ok, token = _accept_or_resample(ps[i], qs[i], x, rng)
         if not ok:
             return i, token
     last = ps[len(drafted)]  # (V,)
-    return len(drafted), draw(last, rng) if temperature > 0 else int(np.argmax(last))
+    greedy = temperature == 0
+    return len(drafted), int(np.argmax(last)) if greedy else draw(last, rng)
 
 
 @dataclass

@@ -124,12 +124,13 @@ class Scheduler:
         self.running.remove(live)
 
     def plan(self):
-        """(sequences, tokens to feed each) for this step: decode rows first (None: their last
-        token and drafts, filled in later), then prompt chunks within the token budget."""
+        """(sequences, tokens to feed each) for this step: decode rows first
+        (None: their last token and drafts, filled in later), then prompt
+        chunks, within the token budget."""
         decoding = [l for l in self.running if not l.pending]
         prompts = [l for l in self.running if l.pending]
         if not self.policy.mixed and prompts:
-            decoding = []  # vLLM v0 without chunked prefill: a step of prompts only
+            decoding = []  # vLLM v0 without chunked prefill: prompts only
         budget, batch, feeds = self.policy.budget, [], []
         for live in decoding:
             if budget < live.k + 1:

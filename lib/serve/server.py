@@ -95,7 +95,7 @@ class Server:
         while s.arrivals or s.waiting or s.running:
             s.arrive(self.now)
             if not s.running and not s.waiting:
-                self.now = s.arrivals[0].arrival  # idle until the next request
+                self.now = s.arrivals[0].arrival  # idle till the next one
                 continue
             if s.policy.batching == "static" and not s.running:
                 due = s.batch_due(self.now, self.window)
@@ -103,16 +103,20 @@ class Server:
                     self.now = due
                     continue
             tick = time.perf_counter()
-            for live in s.running:
-                live.k = min(self.k, live.remaining - 1) if self.draft and not live.pending else 0
+            for live in s.running:  # draft tokens this step (decoding only)
+                drafting = self.draft and not live.pending
+                live.k = min(self.k, live.remaining - 1) if drafting else 0
             s.schedule()
             seconds, batch, finished = self._step()
-            seconds = time.perf_counter() - tick if self.cost is None else seconds
+            if self.cost is None:  # measured: this iteration's time
+                seconds = time.perf_counter() - tick
             self.now += seconds
             self._record(seconds, batch, finished)
-        return Report([s.outcomes[r] for r in s.outcomes], self.pool, self.now - start, self.steps,
-                      s.preemptions, s.recomputed, self.prefilled, self.peak,
-                      np.array(self.timeline).reshape(-1, 4), self.draft_pool)
+        timeline = np.array(self.timeline).reshape(-1, 4)
+        makespan, outcomes = self.now - start, list(s.outcomes.values())
+        return Report(outcomes, self.pool, makespan, self.steps, s.preemptions,
+                      s.recomputed, self.prefilled, self.peak, timeline,
+                      self.draft_pool)
 
     def _forget(self, live) -> None:
         """What the scheduler's release leaves to the server: the clocks' and the draft's state."""
@@ -177,12 +181,13 @@ class Server:
         return seconds, drafted, qs
 
     def _verify(self, live, drafted, qs, rows):
-        """The target's verdict on one sequence's drafts; both caches keep only the kept tokens."""
+        """The target's verdict on one sequence's drafts; both caches keep
+        only the kept tokens."""
+        t, rng = self.temperature, self.rngs[live.rid]
         if not drafted:
-            return [next_token(rows[0], self.temperature, self.rngs[live.rid])]
-        base = live.seq.n - len(drafted) - 1  # position of the last token before the drafts
-        kept, nxt = verify(probs_from_logits(rows, self.temperature), qs, drafted, self.temperature,
-                           self.rngs[live.rid])
+            return [next_token(rows[0], t, rng)]
+        base = live.seq.n - len(drafted) - 1  # the token before the drafts
+        kept, nxt = verify(probs_from_logits(rows, t), qs, drafted, t, rng)
         live.outcome.drafted += len(drafted)
         live.outcome.accepted += kept
         live.seq.truncate(base + 1 + kept)
