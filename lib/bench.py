@@ -1,7 +1,8 @@
 """`python -m lib.bench`: the benchmark report. Every speed the engine claims, measured in one
 run with single-threaded BLAS, warm-up and back-to-back pairs, each beside the cost model's
 prediction (`lib.measure.costmodel`, calibrated at the start of the run), then every goal with its
-measured value. The timers and counters it uses are `lib.timing`'s.
+measured value. Its timers are `lib.timing`'s, its counters
+`lib.measure.counting`'s, the card `lib.measure.card.calibrate`'s.
 
     python -m lib.bench
 """

@@ -1,5 +1,6 @@
-"""Argument checks: every rule about what a caller may pass lives here, in one place (llm.c's
+"""Argument checks: the rules shared across the engine about what a caller may pass (llm.c's
 `utils.h` idea: named checks, each message naming the argument and saying what to pass).
+Rules that belong to one object (a Policy's settings, a cache's shapes) stay beside it.
 
 A public entry point opens with its checks, then does its work; what it calls inside trusts
 those values (an unchecked twin, such as `lib.sampling.draw` for `lib.sampling.sample`), so no

@@ -1,6 +1,6 @@
 """Calibrating a quantized KV cache's static scales: the largest |K| and |V| each layer and KV
 head writes over a calibration text, as vLLM's fp8 cache takes calibrated scales (k_scale,
-v_scale) from llm-compressor. It runs the model, so it sits above the caches and the model
+v_scale) from llm-compressor. It runs the model, so it sits above the caches, beside the model
 (`lib.cache.kv_cache.fixed_scales` turns the maxima into scales).
 """
 import numpy as np

@@ -8,8 +8,6 @@ import numpy as np
 
 from lib.checks import check_logits, check_probs, check_rng, check_temperature
 
-PROB_TOL = 1e-6  # how far a probability vector may sum from 1
-
 
 def probs_from_logits(logits, temperature: float = 1.0) -> np.ndarray:
     """Softmax of logits / temperature in float64 over the last axis; temperature 0 gives one-hot argmax.

@@ -82,7 +82,7 @@ def fit_clock(model, positions, sizes=(1, 2, 4, 8, 16, 32), chunks=(2, 4, 8, 16,
     if len(positions) < max(sizes):
         raise ValueError(f"positions holds {len(positions)} sequences, sizes go up to {max(sizes)}")
     engine = BatchedModel(model)
-    time_of = lambda stepper: median_time(stepper, repeats=repeats, warmup=1)
+    time_of = lambda step: median_time(step, repeats=repeats, warmup=1)
     counts = sorted({1, *chunks, *sizes})
     one = {n: time_of(batched_call(engine, positions[:1], n_tokens=n)) for n in counts}
     many = {B: time_of(batched_call(engine, positions[:B])) for B in sizes if B > 1}
