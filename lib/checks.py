@@ -34,14 +34,6 @@ def check_count(value, name: str, low: int = 1, what: str = "") -> int:
     return int(value)
 
 
-def check_number(value, name: str, low: float = -np.inf, high: float = np.inf, what: str = "") -> float:
-    """A real number (not a bool) in [low, high], else a ValueError naming it."""
-    if not is_number(value) or not low <= value <= high:
-        span = f">= {low}" if high == np.inf else f"in [{low}, {high}]"
-        raise ValueError(f"{name}{what} must be a number {span}, got {value!r}")
-    return float(value)
-
-
 def check_tokens(tokens, cfg: ModelConfig, start: int = 0) -> np.ndarray:
     """Validate a 1-D sequence of token ids placed at positions start.. ; return it as int64."""
     check_config(cfg)

@@ -236,12 +236,6 @@ def _(d):
     return checks.check_count, {"value": d(count(2, None)), "name": d(good(st.just("value"))), "low": d(good(st.just(2)))}  # the name it is told
 
 
-@spec("checks.check_number", contract=lambda r: 0 <= r <= 1)
-def _(d):
-    return checks.check_number, {"value": d(real(0, 1, -0.5, 1.5)), "name": d(good(st.just("value"))),
-                                 "low": d(good(st.just(0))), "high": d(good(st.just(1)))}
-
-
 @spec("checks.check_config", contract=lambda r: isinstance(r, ModelConfig))
 def _(d):
     return checks.check_config, {"cfg": d(arg(st.sampled_from([DRAFT, GQA]), None, "DRAFT", (1, 2, 3)))}
@@ -900,7 +894,7 @@ RECORD = "a record the engine fills in (a dataclass or NamedTuple), not an entry
 MEASURES = "measures time or reads the machine: slow or machine-dependent; tested in its own test file"
 EXEMPT = {
     **{f"model.{n}": REFERENCE for n in ("layer_norm", "gelu", "softmax", "attention", "split_qkv", "mlp", "embed", "head")},
-    "checks.is_number": "a predicate (True or False for any value): the rule check_number and check_temperature apply",
+    "checks.is_number": "a predicate (True or False for any value): the rule check_temperature applies",
     "sampling.draw": "the unchecked inner loop of `sample` for distributions the engine computed; `sample` is its checked form",
     "speculative.target_cache": PROTOCOL + " (speculative_generate)",
     "speculative.ModelDrafter": PROTOCOL + " (speculative_generate's drafter)",
@@ -940,7 +934,8 @@ EXEMPT = {
        "tests/test_frame.py runs them on every chapter" for n in ("prose", "glued", "shown")},
     **{n: "the serving simulation, stateful and timed; tests/test_serving.py (Policy's checks included)" for n in (
         "trace.Request", "trace.make_trace", "trace.rejection_reason", "report.Outcome", "report.Report",
-        "report.Report.summary", "report.Report.goodput", "report.Report.attainment", "policy.Policy", "server.serve",
+        "report.Report.summary", "report.Report.goodput", "report.Report.attainment", "policy.Policy",
+        "policy.Policy.answer_length", "server.serve",
         "server.Server", "server.Server.run")},
     **{f"scheduler.{n}": PROTOCOL + " (serve's step loop; tests/test_serving.py)" for n in (
         "Running", "Scheduler", "Scheduler.arrive", "Scheduler.batch_due", "Scheduler.blocks", "Scheduler.finish",

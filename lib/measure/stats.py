@@ -9,9 +9,9 @@ Pearson's chi-square test (Pearson 1900) pools outcomes expected fewer than 5 ti
 import numpy as np
 from scipy import stats
 
-from lib.checks import check_seed
-from lib.config import is_int
+from lib.checks import check_count, check_seed
 
+SAMPLES = " (the number of samples)"  # how the counts are named in their errors
 
 def check_distribution(p, name: str = "p", tol: float = 1e-6) -> np.ndarray:
     """A non-empty 1-D vector of finite non-negative numbers summing to 1 (within tol), as float64."""
@@ -22,11 +22,6 @@ def check_distribution(p, name: str = "p", tol: float = 1e-6) -> np.ndarray:
     if not np.isfinite(arr).all() or (arr < 0).any() or abs(arr.sum() - 1.0) > tol:
         raise ValueError(f"{name} must be a distribution: finite, non-negative, summing to 1 (sums to {arr.sum():.9g})")
     return arr
-
-
-def _check_count(n, name="n") -> None:
-    if not is_int(n) or n < 1:
-        raise ValueError(f"{name} (the number of samples) must be an integer >= 1, got {n!r}")
 
 
 def tvd(a, b) -> float:
@@ -40,7 +35,7 @@ def tvd(a, b) -> float:
 def tvd_noise_floor(p, n: int) -> float:
     """Expected TVD between p and the frequencies of n samples drawn from p (normal approximation)."""
     p = check_distribution(p)
-    _check_count(n)
+    check_count(n, "n", 1, SAMPLES)
     return 0.5 * float(np.sum(np.sqrt(2 * p * (1 - p) / (np.pi * n))))
 
 
@@ -87,8 +82,8 @@ def two_sample_tvd_null(p, n: int, trials: int = 1000, seed: int = 0) -> np.ndar
     """The empirical noise floor of a two-sample comparison: the TVDs between the frequencies of
     two independent sets of n draws from p, for `trials` pairs of sets (no normal approximation)."""
     p = check_distribution(p)
-    _check_count(n)
-    _check_count(trials, "trials")
+    check_count(n, "n", 1, SAMPLES)
+    check_count(trials, "trials", 1, SAMPLES)
     rng = np.random.default_rng(check_seed(seed))
     a = rng.multinomial(n, p / p.sum(), size=trials) / n  # (trials, V)
     b = rng.multinomial(n, p / p.sum(), size=trials) / n  # (trials, V)

@@ -58,6 +58,11 @@ class Policy:
     def budget(self) -> float:
         return self.token_budget or math.inf
 
+    def answer_length(self, req, max_tokens) -> int:
+        """The answer length a request's blocks are sized for: max_tokens (if known) under a
+        "max" reservation, which cannot know where an answer ends; its own n_new when paged."""
+        return (max_tokens or req.n_new) if self.reserve == "max" else req.n_new
+
 
 LADDER = {  # each rung adds one idea to the one before; prefix caching only where named
     "static": Policy("static", "max"),

@@ -46,7 +46,7 @@ class Scheduler:
 
     def set_aside(self, req) -> int:
         """Blocks a "max" reservation takes: prompt + max_tokens - 1 positions."""
-        return self.blocks(len(req.prompt) + (self.max_tokens or req.n_new) - 1)
+        return self.blocks(len(req.prompt) + self.policy.answer_length(req, self.max_tokens) - 1)
 
     def used(self) -> int:
         """Blocks in use, or set aside by "max" reservations."""

@@ -74,7 +74,7 @@ class Server:
             check_tokens(r.prompt, cfg)
             if not is_int(r.n_new) or r.n_new < 1:
                 raise ValueError(f"request {r.rid}: n_new must be a positive integer, got {r.n_new!r}")
-            length = (max_tokens or r.n_new) if policy.reserve == "max" else r.n_new
+            length = policy.answer_length(r, max_tokens)
             outcomes[r.rid].rejected = rejection_reason(r, cfg, num_blocks, block_size, length)
         self.draft = BatchedModel(draft) if draft is not None else None
         self.draft_pool = None
