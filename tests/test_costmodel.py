@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from lib.cache.memory import from_hf_config
+from lib.cache.memory import GPU, H100, from_hf_config
 from lib.measure.card import cache_sizes, measure
-from lib.measure.costmodel import H100_SXM, Accelerator, Machine, predict, predict_decode
+from lib.measure.costmodel import Machine, predict, predict_decode
 from lib.measure.counting import Op
 
 LEVELS = (256 * 2**10, 16 * 2**20, 256 * 2**20)
@@ -57,10 +57,10 @@ def test_prediction_is_the_sum_of_calls_and_each_ops_roofline():
 def test_h100_decode_is_the_larger_of_reading_and_computing():
     llama = from_hf_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
                             "hidden_size": 4096}, "Llama-3-8B", 8.03e9)
-    one = predict_decode(llama, H100_SXM, batch=1, context=1024)
+    one = predict_decode(llama, H100, batch=1, context=1024)
     assert one["bound"] == "memory"
     assert one["seconds"] == pytest.approx((8.03e9 * 2 + 131072 * 1024) / 3.35e12)
-    big = predict_decode(llama, Accelerator("slow math", 1e12, 3.35e12, 80e9, ""), batch=64, context=16)
+    big = predict_decode(llama, GPU("slow math", 80e9, 3.35e12, 1e12), batch=64, context=16)
     assert big["bound"] == "compute" and big["seconds"] == pytest.approx(2 * 8.03e9 * 64 / 1e12)
 
 

@@ -658,7 +658,8 @@ def _(d):
 @spec("memory.GPU", contract=anything)
 def _(d):
     return memory.GPU, {"name": d(good(st.just("g"))), "memory": d(real(1, 1e12, 0.0, -1.0)),
-                        "bandwidth": d(real(1, 1e13, 0.0)), "source": d(good(st.just("")))}
+                        "bandwidth": d(real(1, 1e13, 0.0)), "flops": d(real(1, 1e16, 0.0, -1.0)),
+                        "source": d(good(st.just("")))}
 
 
 def gpus(d):

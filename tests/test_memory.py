@@ -106,10 +106,10 @@ def test_tensor_parallel_shares():
 
 
 def test_gpu_budget_and_step_time():
-    assert kv_budget(H100, 16e9, 0.9, 2e9) == pytest.approx(80e9 * 0.9 - 18e9)
+    assert kv_budget(H100, 16e9, 0.9, 2e9) == pytest.approx(81559 * 2**20 * 0.9 - 18e9)
     assert kv_budget(H100, 100e9) < 0
     assert step_seconds(H100, 16e9, 4e9) == pytest.approx(20e9 / 3.35e12)
     with pytest.raises(ValueError, match="utilization must be in"):
         kv_budget(H100, 1e9, 1.5)
     with pytest.raises(ValueError, match="GPU.bandwidth must be"):
-        GPU("x", 1e9, 0)
+        GPU("x", 1e9, 0, 1e12)

@@ -118,20 +118,24 @@ class KVSpec:
 
 @dataclass(frozen=True)
 class GPU:
+    """A GPU's data-sheet constants: the book's one record of each GPU it prices."""
     name: str
-    memory: float  # bytes
+    memory: float  # bytes, as the driver reports them
     bandwidth: float  # bytes per second from that memory
+    flops: float  # dense bf16 FLOP/s
     source: str = ""
 
     def __post_init__(self):
-        for name in ("memory", "bandwidth"):
+        for name in ("memory", "bandwidth", "flops"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
                 raise ValueError(f"GPU.{name} must be a finite number > 0, got {value!r}")
 
 
-# NVIDIA's H100 SXM datasheet: 80 GB of HBM3 at 3.35 TB/s.
-H100 = GPU("H100 SXM", 80e9, 3.35e12, "https://www.nvidia.com/en-us/data-center/h100/")
+# NVIDIA's H100 SXM data sheet: "80 GB" of HBM3 at 3.35 TB/s, 989 TFLOP/s dense bf16; the driver
+# (nvidia-smi on an H100 80GB HBM3) reports 81,559 MiB, the memory an engine can allocate from.
+H100 = GPU("H100 SXM", 81559 * 2**20, 3.35e12, 989e12,
+           "NVIDIA H100 Tensor Core GPU data sheet (3.35 TB/s HBM3, 989 TFLOP/s dense BF16); 81,559 MiB per nvidia-smi")
 
 
 def kv_budget(gpu: GPU, weight_bytes: float, utilization: float = 0.9, workspace: float = 0.0) -> float:

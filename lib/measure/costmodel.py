@@ -18,7 +18,7 @@ by the larger of reading and computing:
 The constants are this machine's card (`lib.measure.card.calibrate()`: measured once and kept on
 disk). One set of constants serves every prediction of a run: nothing is tuned per point.
 
-The same arithmetic with a GPU's data-sheet constants (`H100_SXM`) gives a decode step of a real
+The same arithmetic with a GPU's data-sheet constants (`H100`) gives a decode step of a real
 configuration from `lib.cache.memory`: t = max((weights + B x L x K/V bytes per token) / bandwidth,
 2 N B / FLOP/s), as the inference chapter of the JAX scaling book (Austin et al. 2025) does on
 paper.
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lib.cache.memory import from_hf_config
+from lib.cache.memory import GPU, H100, from_hf_config
 from lib.lean import LeanModel
 from lib.measure.counting import OpCounts, step_counts
 from lib.measure.machine import cpu_model
@@ -213,23 +213,9 @@ def predict_calls(machine, builder, params, cfg, position, sizes, products=None,
     return {T: predict(c, machine, products[T] if products and T in products else "numpy", path) for T, c in counts.items()}
 
 
-# ----------------------------------------------------------------------------- accelerators
+# ----------------------------------------------------------------------------- GPUs (lib.cache.memory.GPU)
 
-@dataclass(frozen=True)
-class Accelerator:
-    """A GPU's data-sheet constants."""
-    name: str
-    flops: float  # dense bf16 FLOP/s
-    bandwidth: float  # memory bytes/s
-    memory: float  # bytes
-    source: str
-
-
-H100_SXM = Accelerator("H100 SXM", 989e12, 3.35e12, 80e9,
-                       "NVIDIA H100 Tensor Core GPU data sheet: 989 TFLOP/s dense BF16, 3.35 TB/s HBM3, 80 GB")
-
-
-def predict_decode(spec, gpu: Accelerator, batch: int = 1, context: int = 1024, dtype: str = "bfloat16") -> dict:
+def predict_decode(spec, gpu: GPU, batch: int = 1, context: int = 1024, dtype: str = "bfloat16") -> dict:
     """One decode step of `batch` sequences of `context` tokens for a `lib.cache.memory` spec on `gpu`:
     the weights and every sequence's K/V read once, against 2 N B FLOPs of the weight products."""
     weights, kv = spec.weight_bytes(dtype), spec.kv_bytes(context, batch, dtype)
@@ -250,11 +236,11 @@ def h100_line(out=print) -> tuple:
     one H100 with torch.compile, batch 1, a 200-token generation after a short prompt."""
     llama = from_hf_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
                             "hidden_size": 4096}, "Llama-3.1-8B", LLAMA_READ_PARAMS)
-    step = predict_decode(llama, H100_SXM, batch=1, context=200)
+    step = predict_decode(llama, H100, batch=1, context=200)
     measured = 1 / 126.90  # seconds per token, torchao README
     if out:
-        out(f"\nLlama-3.1-8B, bf16, batch 1 on an {H100_SXM.name} ({H100_SXM.source}): predicted "
+        out(f"\nLlama-3.1-8B, bf16, batch 1 on an {H100.name} ({H100.source}): predicted "
             f"{step['seconds'] * 1e3:.2f} ms per token ({step['bound']}-bound: {step['weights'] / 1e9:.2f} GB of weights "
-            f"and {step['kv'] / 1e6:.0f} MB of K/V at {H100_SXM.bandwidth / 1e12:.2f} TB/s); published "
+            f"and {step['kv'] / 1e6:.0f} MB of K/V at {H100.bandwidth / 1e12:.2f} TB/s); published "
             f"{measured * 1e3:.2f} ms (torchao, 126.90 tokens/s): {step['seconds'] / measured:.2f} of it")
     return step["seconds"], measured
