@@ -10,6 +10,8 @@ from lib.cache.memory import (
     LLAMA_2_7B,
     LLAMA_3_8B,
     REAL_MODELS,
+    KVSpec,
+    expected_experts,
     from_hf_config,
     from_model_config,
     kv_budget,
@@ -113,3 +115,44 @@ def test_gpu_budget_and_step_time():
         kv_budget(H100, 1e9, 1.5)
     with pytest.raises(ValueError, match="GPU.bandwidth must be"):
         GPU("x", 1e9, 0, 1e12)
+
+
+def test_expected_experts_touched():
+    assert expected_experts(32, 4, 0) == 0 and expected_experts(32, 4, 1) == pytest.approx(4)
+    assert expected_experts(256, 8, 2) == pytest.approx(16 - 8 * 8 / 256)  # two tokens overlap by k^2/E on average
+    assert expected_experts(32, 32, 5) == 32  # every expert active: all touched at once
+    rng = np.random.default_rng(0)  # the formula against uniform routing, simulated
+    draws = [len({int(e) for _ in range(16) for e in rng.choice(32, 4, replace=False)}) for _ in range(2000)]
+    assert np.mean(draws) == pytest.approx(expected_experts(32, 4, 16), abs=0.1)  # std error ~0.04
+    with pytest.raises(ValueError, match="active=5 routed experts per token exceeds experts=4"):
+        expected_experts(4, 5, 1)
+
+
+def test_a_step_reads_neither_gathered_rows_nor_idle_experts():
+    by_name = {m.name: m for m in REAL_MODELS}
+    qwen, oss, deepseek, gemma = (by_name[n] for n in ("Qwen3-8B", "gpt-oss-20b", "DeepSeek-V3", "Gemma-3-27B"))
+    assert qwen.weight_bytes(batch=1) == qwen.weight_bytes() - 151936 * 4096 * 2  # untied: rows gathered
+    assert LLAMA_3_8B.weight_bytes(batch=1) / 1e9 == pytest.approx(15.01, abs=0.01)  # 8.03e9 - 128,256 x 4,096, bf16
+    assert gemma.weight_bytes(batch=1) == gemma.weight_bytes()  # tied: the output head reads the matrix
+    assert oss.expert_params == 24 * 32 * 3 * 2880 * 2880 and deepseek.expert_params == 58 * 256 * 3 * 7168 * 2048
+    # active parameters per token, as the model cards give them: 3.6B (gpt-oss-20b) and 37B (DeepSeek-V3)
+    assert oss.weight_bytes("float32", batch=1) / 4 / 1e9 == pytest.approx(3.6, abs=0.05)
+    assert deepseek.weight_bytes("float32", batch=1) / 4 / 1e9 == pytest.approx(37, abs=0.5)
+    reads = [deepseek.weight_bytes("fp8", batch=b) for b in (1, 8, 64, 512, 4096)]
+    assert reads == sorted(reads) and reads[-1] <= deepseek.weight_bytes("fp8")  # more tokens, more experts
+    assert oss.weight_bytes("bfloat16", "mxfp4") / GIB == pytest.approx(12.8, abs=0.05)  # the model card's checkpoint
+    assert oss.per_gpu(2).weight_bytes(batch=3) == pytest.approx(oss.weight_bytes(batch=3) / 2)
+
+
+def test_moe_and_embedding_fields_from_a_config():
+    fields = {"num_hidden_layers": 4, "num_attention_heads": 4, "hidden_size": 8, "vocab_size": 10,
+              "tie_word_embeddings": False, "n_routed_experts": 16, "num_experts_per_tok": 2,
+              "moe_intermediate_size": 3, "first_k_dense_replace": 1}
+    spec = from_hf_config(fields, n_params=1e4)
+    assert (spec.embedding, spec.experts, spec.active, spec.expert_params) == (80, 16, 2, 3 * 16 * 3 * 8 * 3)
+    assert from_hf_config(fields).expert_params == 0  # no parameter count: no parts of it
+    assert from_hf_config(fields | {"tie_word_embeddings": True}, n_params=1e4).embedding == 0
+    with pytest.raises(ValueError, match="embedding \\+ expert_params"):
+        from_hf_config(fields, n_params=100)
+    with pytest.raises(ValueError, match="give both"):
+        KVSpec("m", 1, 1, 1, (None,), 10.0, experts=4)

@@ -1,5 +1,5 @@
 """How much memory the KV cache takes: the formula, real model configurations, and a reader of
-Hugging Face `config.json` files.
+Hugging Face `config.json` files; and what a decode step reads of the weights.
 
 bytes = batch x sum over layers of (2 x KV heads x head dim x cached positions x bytes per element)
 
@@ -12,18 +12,25 @@ kv_lora_rank + qk_rope_head_dim values per layer and position instead of K and V
 Around the formula: the multi-head baseline of a model (every query head its own K/V head), the
 share of each GPU under tensor parallelism (K/V heads split across GPUs, replicated when there
 are more GPUs than heads), what fits beside the weights on one GPU, and how long a decode step
-takes when it only has to read its bytes. The figures of each model below are copied from its
-official config.json, whose address is kept with it.
+takes when it only has to read its bytes. A step reads every weight but two kinds: the rows of an
+untied input embedding are gathered, not read whole (a tied one is read by the output head), and
+of a mixture-of-experts layer (Shazeer et al. 2017; Fedus et al. 2022) only the experts its
+tokens were routed to: k of E per token, so E x (1 - (1 - k/E)^B) of them for B tokens when
+routing is uniform and independent (what load balancing aims at). The figures of each model below
+are copied from its official config.json, whose address is kept with it.
 """
+
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from lib.checks import check_count, is_number
 from lib.config import ModelConfig, is_int
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "int8": 1, "int4": 0.5,
+               "mxfp4": 4.25 / 8}  # MXFP4: 32 four-bit values share one 8-bit scale (OCP MX spec)
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,10 @@ class KVSpec:
     source: str = ""
     n_head: int = 0  # query heads, for the multi-head baseline; 0: as many as KV heads
     latent: int = 0  # MLA: values cached per layer and position instead of K/V heads; 0: none
+    embedding: float = 0.0  # parameters of an untied input embedding: its rows are gathered, not read
+    experts: int = 0  # mixture of experts: routed experts per MoE layer; 0: a dense model
+    active: int = 0  # routed experts each token goes to
+    expert_params: float = 0.0  # parameters of all routed experts of all layers (part of n_params)
 
     def __post_init__(self):
         """A spec that could report zero or negative bytes is refused: every count at least 1."""
@@ -44,9 +55,9 @@ class KVSpec:
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"KVSpec.{name} must be a str, got {type(getattr(self, name)).__name__}")
         for name in ("n_layer", "n_kv_head", "head_dim"):
-            _check_int(f"KVSpec.{name}", getattr(self, name), 1)
-        for name in ("n_head", "latent"):
-            _check_int(f"KVSpec.{name}", getattr(self, name), 0)
+            check_count(getattr(self, name), f"KVSpec.{name}", 1)
+        for name in ("n_head", "latent", "experts", "active"):
+            check_count(getattr(self, name), f"KVSpec.{name}", 0)
         if self.n_head and self.n_head % self.n_kv_head:
             raise ValueError(f"KVSpec.n_head={self.n_head} is not a multiple of n_kv_head={self.n_kv_head}")
         if not isinstance(self.windows, tuple) or len(self.windows) != self.n_layer:
@@ -54,14 +65,19 @@ class KVSpec:
                              f"got {self.windows!r:.80}")
         for w in self.windows:
             if w is not None:
-                _check_int("KVSpec.windows entry (a sliding window)", w, 1)
-        if isinstance(self.n_params, bool) or not isinstance(self.n_params, (int, float, np.integer, np.floating)) \
-                or not 0 <= self.n_params < float("inf"):
-            raise ValueError(f"KVSpec.n_params must be a finite number >= 0, got {self.n_params!r}")
+                check_count(w, "KVSpec.windows entry (a sliding window)", 1)
+        for name in ("n_params", "embedding", "expert_params"):
+            _check_bytes(f"KVSpec.{name}", getattr(self, name), "a finite number >= 0")
+        if self.embedding + self.expert_params > self.n_params:
+            raise ValueError(f"KVSpec.embedding + expert_params ({self.embedding + self.expert_params:.4g}) exceed "
+                             f"n_params ({self.n_params:.4g}): both are parts of the model's parameters")
+        if (self.experts == 0) != (self.active == 0) or self.active > self.experts:
+            raise ValueError(f"KVSpec.active={self.active} routed experts of experts={self.experts}: give both "
+                             f"(1 <= active <= experts) for a mixture of experts, or neither")
 
     def positions(self, tokens: int) -> list:
         """Cached positions per layer for a sequence of `tokens`."""
-        _check_int("tokens", tokens, 0)
+        check_count(tokens, "tokens", 0)
         return [tokens if w is None else min(tokens, w) for w in self.windows]
 
     def values_per_position(self) -> int:
@@ -70,7 +86,7 @@ class KVSpec:
 
     def kv_bytes(self, tokens: int, batch: int = 1, dtype: str = "bfloat16") -> float:
         """Bytes of K and V for `batch` sequences of `tokens` each."""
-        _check_int("batch", batch, 1)
+        check_count(batch, "batch", 1)
         return batch * self.values_per_position() * dtype_bytes(dtype) * sum(self.positions(tokens))
 
     def bytes_per_token(self, dtype: str = "bfloat16") -> float:
@@ -80,10 +96,9 @@ class KVSpec:
     def max_tokens(self, budget: float, batch: int = 1, dtype: str = "bfloat16"):
         """The longest sequence length whose cache for `batch` sequences fits in `budget` bytes
         (-1 if not even an empty one does; None if any length fits, every layer being windowed)."""
-        if isinstance(budget, bool) or not isinstance(budget, (int, float, np.integer, np.floating)) \
-                or not -float("inf") < budget < float("inf"):
+        if not is_number(budget) or not np.isfinite(budget):
             raise ValueError(f"budget must be a finite number of bytes, got {budget!r}")
-        _check_int("batch", batch, 1)
+        check_count(batch, "batch", 1)
         dtype_bytes(dtype)
         if budget < 0:
             return -1
@@ -104,16 +119,34 @@ class KVSpec:
         """One GPU's share under `tp`-way tensor parallelism: n_kv_head / tp K/V heads each, or
         one head (replicated) when tp exceeds them; an MLA latent serves every head and is whole
         on every GPU."""
-        _check_int("tp", tp, 1)
+        check_count(tp, "tp", 1)
         if (self.n_kv_head % tp) if tp <= self.n_kv_head else (tp % self.n_kv_head):
             raise ValueError(f"tp={tp} must divide the {self.n_kv_head} KV heads or be a multiple of them")
+        weights = dict(n_params=self.n_params / tp, embedding=self.embedding / tp, expert_params=self.expert_params / tp)
         if self.latent:
-            return replace(self, n_params=self.n_params / tp)
+            return replace(self, **weights)
         return replace(self, n_kv_head=max(1, self.n_kv_head // tp), n_head=self.n_head and max(1, self.n_head // tp),
-                       n_params=self.n_params / tp)
+                       **weights)
 
-    def weight_bytes(self, dtype: str = "bfloat16") -> float:
-        return self.n_params * dtype_bytes(dtype)
+    def weight_bytes(self, dtype: str = "bfloat16", expert_dtype: str = "", batch: int = 0) -> float:
+        """Bytes of the weights, the routed experts in `expert_dtype` ('' for `dtype`): as stored
+        (batch 0), or as one decode step of `batch` sequences reads them: without the gathered
+        embedding rows, and of the routed experts the expected share its tokens were sent to."""
+        check_count(batch, "batch", 0)
+        share = expected_experts(self.experts, self.active, batch) / self.experts if batch and self.experts else 1.0
+        dense = self.n_params - self.expert_params - (self.embedding if batch else 0)
+        return dense * dtype_bytes(dtype) + self.expert_params * share * dtype_bytes(expert_dtype or dtype)
+
+
+def expected_experts(experts: int, active: int, tokens: int) -> float:
+    """Distinct experts of one MoE layer that `tokens` tokens are routed to, in expectation, when
+    each token picks `active` of `experts` uniformly and independently: E x (1 - (1 - k/E)^B)."""
+    check_count(experts, "experts", 1)
+    check_count(active, "active", 1)
+    check_count(tokens, "tokens", 0)
+    if active > experts:
+        raise ValueError(f"active={active} routed experts per token exceeds experts={experts}")
+    return experts * (1 - (1 - active / experts) ** tokens)
 
 
 @dataclass(frozen=True)
@@ -144,30 +177,27 @@ def kv_budget(gpu: GPU, weight_bytes: float, utilization: float = 0.9, workspace
     of activations and buffers. Negative when the weights alone do not fit."""
     if not isinstance(gpu, GPU):
         raise TypeError(f"gpu must be a lib.cache.memory.GPU, got {type(gpu).__name__}")
-    if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
+    if not is_number(utilization) or not 0 < utilization <= 1:
         raise ValueError(f"utilization must be in (0, 1], got {utilization!r}")
-    for name, value in (("weight_bytes", weight_bytes), ("workspace", workspace)):
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-                or not 0 <= value < float("inf"):
-            raise ValueError(f"{name} must be a finite number of bytes >= 0, got {value!r}")
+    _check_bytes("weight_bytes", weight_bytes)
+    _check_bytes("workspace", workspace)
     return gpu.memory * utilization - weight_bytes - workspace
 
 
 def step_seconds(gpu: GPU, weight_bytes: float, kv_bytes: float) -> float:
-    """The floor on one decode step's time: every weight and every cached K/V byte read once at
-    the GPU's memory bandwidth (chapters 2 and 12 measure when a step reaches it)."""
+    """The floor on one decode step's time: the weight bytes the step reads (`KVSpec.weight_bytes`
+    with its batch) and every cached K/V byte, once each at the GPU's memory bandwidth (chapters
+    2 and 12 measure when a step reaches it)."""
     if not isinstance(gpu, GPU):
         raise TypeError(f"gpu must be a lib.cache.memory.GPU, got {type(gpu).__name__}")
-    for name, value in (("weight_bytes", weight_bytes), ("kv_bytes", kv_bytes)):
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-                or not 0 <= value < float("inf"):
-            raise ValueError(f"{name} must be a finite number of bytes >= 0, got {value!r}")
+    _check_bytes("weight_bytes", weight_bytes)
+    _check_bytes("kv_bytes", kv_bytes)
     return (weight_bytes + kv_bytes) / gpu.bandwidth
 
 
-def _check_int(name: str, value, low: int) -> None:
-    if not is_int(value) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+def _check_bytes(name: str, value, what: str = "a finite number of bytes >= 0") -> None:
+    if not is_number(value) or not 0 <= value < float("inf"):
+        raise ValueError(f"{name} must be {what}, got {value!r}")
 
 
 def dtype_bytes(dtype: str) -> float:
@@ -212,7 +242,11 @@ def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = 
     absent -> heads; `layer_types` with "sliding_attention" entries, or a `sliding_window_pattern`
     p (Gemma 3: layer i is global when (i + 1) % p == 0), or a `sliding_window` on every layer
     (Mistral v0.1 style) -> windowed layers; `kv_lora_rank` -> an MLA latent of kv_lora_rank +
-    qk_rope_head_dim values.
+    qk_rope_head_dim values. With `n_params` given, the weights' parts a step does not read whole:
+    `vocab_size` x hidden_size of input embedding unless `tie_word_embeddings` (transformers'
+    default, true), and routed experts (`num_local_experts`, `n_routed_experts` or `num_experts`;
+    `num_experts_per_tok`), each 3 matrices of hidden x `moe_intermediate_size` (else
+    `intermediate_size`) in every layer from `first_k_dense_replace` on.
     """
     config = read_config(config)
     if not isinstance(name, str):
@@ -252,8 +286,25 @@ def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = 
         windows = (window,) * layers
     else:
         windows = (None,) * layers
+    weights = _weight_parts(config, layers, hidden) if n_params else {}
     return KVSpec(name or config.get("model_type", "model"), layers, kv_heads, head_dim, windows, n_params, source,
-                  heads, latent)
+                  heads, latent, **weights)
+
+
+def _weight_parts(config: dict, layers: int, hidden: int) -> dict:
+    """KVSpec's embedding, experts, active and expert_params from a config.json's fields."""
+    parts = {}
+    if config.get("vocab_size") is not None and not config.get("tie_word_embeddings", True):
+        parts["embedding"] = _count(config, "vocab_size") * hidden
+    key = next((k for k in ("num_local_experts", "n_routed_experts", "num_experts") if config.get(k)), None)
+    if key:
+        size = next(k for k in ("moe_intermediate_size", "intermediate_size") if config.get(k) is not None)
+        dense = config.get("first_k_dense_replace") or 0
+        if not is_int(dense) or not 0 <= dense < layers:
+            raise ValueError(f"config.json's first_k_dense_replace must be an integer in 0..{layers - 1}, got {dense!r}")
+        parts.update(experts=_count(config, key), active=_count(config, "num_experts_per_tok"),
+                     expert_params=(layers - dense) * _count(config, key) * 3 * hidden * _count(config, size))
+    return parts
 
 
 def from_model_config(cfg: ModelConfig, name: str = "this book's target") -> KVSpec:
@@ -263,38 +314,48 @@ def from_model_config(cfg: ModelConfig, name: str = "this book's target") -> KVS
                   n_head=cfg.n_head)
 
 
-# The fields of each official config.json that the formula needs, with its address.
+# The fields of each official config.json that the formula and the weights' reads need, with its address.
 REAL_MODELS = [
     from_hf_config({"num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
-                    "head_dim": 128, "hidden_size": 4096}, "Qwen3-8B", 8.2e9,
+                    "head_dim": 128, "hidden_size": 4096, "vocab_size": 151936, "tie_word_embeddings": False},
+                   "Qwen3-8B", 8.2e9,
                    "https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json"),
     from_hf_config({"num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
-                    "hidden_size": 8192}, "Qwen2.5-72B-Instruct", 72.7e9,
+                    "hidden_size": 8192, "vocab_size": 152064, "tie_word_embeddings": False}, "Qwen2.5-72B-Instruct", 72.7e9,
                    "https://huggingface.co/Qwen/Qwen2.5-72B-Instruct/blob/main/config.json"),
     from_hf_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                    "hidden_size": 4096, "sliding_window": 4096}, "Mistral-7B-v0.1", 7.24e9,
+                    "hidden_size": 4096, "sliding_window": 4096, "vocab_size": 32000, "tie_word_embeddings": False},
+                   "Mistral-7B-v0.1", 7.24e9,
                    "https://huggingface.co/mistralai/Mistral-7B-v0.1/blob/main/config.json"),
     from_hf_config({"num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8,
                     "head_dim": 64, "hidden_size": 2880, "sliding_window": 128,
-                    "layer_types": ["sliding_attention", "full_attention"] * 12}, "gpt-oss-20b", 20.9e9,
+                    "layer_types": ["sliding_attention", "full_attention"] * 12, "vocab_size": 201088,
+                    "tie_word_embeddings": False, "num_local_experts": 32, "num_experts_per_tok": 4,
+                    "intermediate_size": 2880}, "gpt-oss-20b", 20.9e9,
                    "https://huggingface.co/openai/gpt-oss-20b/blob/main/config.json"),
     # text_config; sliding_window_pattern is Gemma3TextConfig's default, 5 local layers per global one.
-    # Parameters: the technical report's Table 1, 417M vision + 1,416M embedding + 25,600M others.
+    # Parameters of the text model: the technical report's Table 1, 1,416M embedding (tied: the
+    # output head reads it) + 25,600M others; the 417M vision encoder aside.
     from_hf_config({"num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 16,
-                    "head_dim": 128, "hidden_size": 5376, "sliding_window": 1024, "sliding_window_pattern": 6},
-                   "Gemma-3-27B", 27.43e9, "https://huggingface.co/google/gemma-3-27b-it/blob/main/config.json"),
+                    "head_dim": 128, "hidden_size": 5376, "sliding_window": 1024, "sliding_window_pattern": 6,
+                    "vocab_size": 262208, "tie_word_embeddings": True},
+                   "Gemma-3-27B", 27.016e9, "https://huggingface.co/google/gemma-3-27b-it/blob/main/config.json"),
     # 671B parameters in the main model (the model card; the checkpoint adds a 14B MTP module).
     from_hf_config({"num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
                     "hidden_size": 7168, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
-                    "v_head_dim": 128}, "DeepSeek-V3", 671e9,
+                    "v_head_dim": 128, "vocab_size": 129280, "tie_word_embeddings": False, "n_routed_experts": 256,
+                    "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "first_k_dense_replace": 3},
+                   "DeepSeek-V3", 671e9,
                    "https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json"),
 ]
 
 # The pair chapter 5 compares: the same 32 layers of 32 query heads of 128 dimensions, with 32
 # K/V heads (multi-head) and with 8 (GQA).
 LLAMA_2_7B = from_hf_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
-                             "hidden_size": 4096}, "Llama-2-7B", 6.74e9,
+                             "hidden_size": 4096, "vocab_size": 32000, "tie_word_embeddings": False},
+                            "Llama-2-7B", 6.74e9,
                             "https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json")
 LLAMA_3_8B = from_hf_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                             "hidden_size": 4096}, "Llama-3-8B", 8.03e9,
+                             "hidden_size": 4096, "vocab_size": 128256, "tie_word_embeddings": False},
+                            "Llama-3-8B", 8.03e9,
                             "https://huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json")
