@@ -49,6 +49,16 @@ def _nbytes(values) -> int:
     return sum(v.nbytes for v in values if isinstance(v, np.ndarray))
 
 
+def _product_op(a, b, out) -> Op:
+    """One matrix product a @ b = out, as the roofline counts it: 2*m*k*n FLOPs for each product of
+    the batch, and every byte of both operands and the result, each moved once."""
+    m, k, n = a.shape[-2] if a.ndim > 1 else 1, a.shape[-1], b.shape[-1]  # (..., m, k) @ (..., k, n)
+    batch = int(np.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), dtype=np.int64))  # heads, or 1
+    weights = b.ndim == 2  # one matrix for every row (and every batch of rows)
+    return Op("matmul", "weights" if weights else "attention", flops=2 * batch * m * k * n,
+              bytes=a.nbytes + b.nbytes + out.nbytes, rows=m * batch if weights else m, streamed=b.nbytes, batch=batch)
+
+
 def count_ops(fn, params: dict, counts: OpCounts = None) -> OpCounts:
     """Run fn(counted_params) and count its numpy calls, and the FLOPs and bytes of its matmuls
     (into `counts` if given, which fn may read as it runs)."""
@@ -65,11 +75,7 @@ def count_ops(fn, params: dict, counts: OpCounts = None) -> OpCounts:
         return result
 
     def record_product(a, b, out):
-        m, k, n = a.shape[-2] if a.ndim > 1 else 1, a.shape[-1], b.shape[-1]
-        batch = int(np.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), dtype=np.int64))
-        weights = b.ndim == 2  # one matrix for every row (and every batch of rows)
-        op = Op("matmul", "weights" if weights else "attention", 2 * batch * m * k * n,
-                a.nbytes + b.nbytes + out.nbytes, m * batch if weights else m, b.nbytes, batch)
+        op = _product_op(a, b, out)
         counts.matmuls += 1
         counts.flops += op.flops
         counts.bytes += op.bytes
