@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lib.cache.quant import E4M3, QMAX, dequantize, fp8_decode, fp8_encode, quantize
+from lib.cache.quant import E4M3, FORMS, dequantize, fp8_decode, fp8_encode, quantize
 
 SIGNED = np.concatenate([E4M3, -E4M3])  # (254,) every finite value
 SIGNED_CODES = np.concatenate([np.arange(127), np.arange(127) | 0x80]).astype(np.uint8)
@@ -20,7 +20,7 @@ def nearest_by_search(x: float) -> float:
 
 
 def test_the_format_has_127_magnitudes_from_0_to_448():
-    assert len(E4M3) == 127 and E4M3[0] == 0 and E4M3[-1] == 448 == QMAX["fp8"]
+    assert len(E4M3) == 127 and E4M3[0] == 0 and E4M3[-1] == 448 == FORMS["fp8"].qmax
     assert np.all(np.diff(E4M3) > 0)
     assert E4M3[1] == 2.0 ** -9 and E4M3[8] == 2.0 ** -6  # smallest subnormal, smallest normal
 
@@ -43,7 +43,7 @@ def test_midpoints_round_to_the_even_code_and_large_values_saturate():
 
 def test_quantize_with_a_scale_keeps_3_mantissa_bits():
     x = np.random.default_rng(0).standard_normal((4, 64, 24)).astype(np.float32)  # (H, T, D)
-    scale = np.float32(np.abs(x).max() / QMAX["fp8"])
+    scale = np.float32(np.abs(x).max() / FORMS["fp8"].qmax)
     codes = quantize(x, scale, "fp8")
     assert codes.dtype == np.uint8 and codes.shape == x.shape
     back = dequantize(codes, scale, "fp8")

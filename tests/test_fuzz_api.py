@@ -442,7 +442,7 @@ def _(d):
 
 @spec("kv_cache.fixed_scales")
 def _(d):
-    return kv_cache.fixed_scales, {"kind": d(option(tuple(quant.QMAX))), "granularity": d(option(("head", "tensor"), "position")),
+    return kv_cache.fixed_scales, {"kind": d(option(quant.QUANTIZED)), "granularity": d(option(("head", "tensor"), "position")),
                                    "calibration": d(arg(st.just((np.ones((1, 2)), np.ones((1, 2)))), None,
                                                         lambda: (np.zeros((1, 2)), np.ones((1, 2)))))}
 
@@ -531,7 +531,7 @@ spec("kv_cache.KVCache.copy", contract=anything)(lambda d: (KVCache.copy, {"self
 
 @spec("quant.check_kind")
 def _(d):
-    return quant.check_kind, {"kind": d(option(tuple(quant.QMAX)))}
+    return quant.check_kind, {"kind": d(option(quant.QUANTIZED))}
 
 
 @spec("quant.check_granularity")
@@ -557,12 +557,12 @@ def scales_for(shape):
 
 @spec("quant.quantize")
 def _(d):
-    return quant.quantize, {"x": d(values()), "scale": d(scales_for((2, 3, 4))), "kind": d(option(tuple(quant.QMAX)))}
+    return quant.quantize, {"x": d(values()), "scale": d(scales_for((2, 3, 4))), "kind": d(option(quant.QUANTIZED))}
 
 
 @spec("quant.dequantize")
 def _(d):
-    kind = d(st.sampled_from(tuple(quant.QMAX)))
+    kind = d(st.sampled_from(quant.QUANTIZED))
     codes = quant.quantize(np.ones((2, 3, 4)), 0.1, kind)
     return quant.dequantize, {"codes": d(arg(st.just(codes), lambda: codes.astype(np.float64), None, "x")),
                               "scale": d(scales_for((2, 3, 4))), "kind": d(arg(st.just(kind), *UNKNOWN))}
@@ -570,12 +570,12 @@ def _(d):
 
 @spec("quant.position_scales", contract=lambda r: r.dtype == np.float16 and (r > 0).all())
 def _(d):
-    return quant.position_scales, {"x": d(values()), "kind": d(option(tuple(quant.QMAX)))}
+    return quant.position_scales, {"x": d(values()), "kind": d(option(quant.QUANTIZED))}
 
 
 @spec("quant.smallest_coded", contract=lambda r: r > 0)
 def _(d):
-    return quant.smallest_coded, {"kind": d(option(tuple(quant.QMAX)))}
+    return quant.smallest_coded, {"kind": d(option(quant.QUANTIZED))}
 
 
 @spec("kv_scales.kv_maxima")
@@ -588,7 +588,7 @@ def _(d):
     absmax = arg(st.floats(0.1, 10).map(lambda m: np.full((1, 2), m)), lambda: np.zeros((1, 2)), lambda: np.full((1, 2), np.nan),
                  lambda: np.ones(2), lambda: np.array([["x", "y"]]), None)
     return quant.static_scales, {"absmax": d(absmax), "granularity": d(option(("head", "tensor"), "position")),
-                                 "kind": d(option(tuple(quant.QMAX)))}
+                                 "kind": d(option(quant.QUANTIZED))}
 
 
 @spec("quant.fp8_encode", contract=lambda r: r.dtype == np.uint8)
@@ -897,6 +897,10 @@ EXEMPT = {
     **{f"model.{n}": REFERENCE for n in ("layer_norm", "gelu", "softmax", "attention", "split_qkv", "mlp", "embed", "head")},
     "checks.is_number": "a predicate (True or False for any value): the rule check_temperature applies",
     "sampling.draw": "the unchecked inner loop of `sample` for distributions the engine computed; `sample` is its checked form",
+    "quant.Form": "a record built once per storage form in lib.cache.quant.FORMS; storage() picks one by its checked name",
+    "quant.Form.encode": "the unchecked twin of quant.quantize (its checked form) for the caches' hot path",
+    "quant.Form.decode": "the unchecked twin of quant.dequantize (its checked form) for the caches' hot path",
+    "quant.Form.width": "arithmetic on a head_dim that storage() has checked against the form's packing",
     "speculative.target_cache": PROTOCOL + " (speculative_generate)",
     "speculative.ModelDrafter": PROTOCOL + " (speculative_generate's drafter)",
     "speculative.ModelDrafter.propose": PROTOCOL + " (speculative_generate's drafter)",

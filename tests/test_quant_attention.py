@@ -16,7 +16,7 @@ from lib.kv_scales import kv_maxima
 from lib.lean import LeanModel
 from lib.model import attention
 
-KINDS = [(kind, g) for kind in DTYPES for g in (quant.GRANULARITIES if kind in quant.QMAX else ("position",))]
+KINDS = [(kind, g) for kind in DTYPES for g in (quant.GRANULARITIES if kind in quant.QUANTIZED else ("position",))]
 PARAMS = perturbed_params(GQA, seed=7)
 
 

@@ -13,25 +13,24 @@ from lib.cache import quant
 from lib.checks import check_config
 from lib.config import ModelConfig, is_int
 
-DTYPES = ("float32", "float16", "fp8", "int8", "int4")
-STORED = {"float32": np.float32, "float16": np.float16, "fp8": np.uint8, "int8": np.int8, "int4": np.uint8}  # int4: 2 per byte
+DTYPES = tuple(quant.FORMS)  # float32, float16, fp8, int8, int4
 
 
 def storage(cfg: ModelConfig, dtype, granularity: str, calibration=None):
-    """(kind, granularity or None, stored numpy dtype, values per position and head as stored) of a
-    cache of `dtype` (a name of DTYPES or a numpy dtype), checked with its granularity and, when
-    given, its calibration: the one rule for every K/V store (`KVCache`, `lib.cache.paged.PagedKVCache`)."""
+    """(form, granularity or None for an unscaled form) of a cache of `dtype` (a name of DTYPES or a
+    numpy dtype), checked with its granularity and, when given, its calibration: the one rule for
+    every K/V store (`KVCache`, `lib.cache.paged.PagedKVCache`)."""
     check_config(cfg)
-    kind = dtype if isinstance(dtype, str) else getattr(dtype, "__name__", None) or getattr(dtype, "name", None)
-    if kind not in DTYPES:
+    name = dtype if isinstance(dtype, str) else getattr(dtype, "__name__", None) or getattr(dtype, "name", None)
+    if name not in DTYPES:
         raise ValueError(f"KV cache dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    form = quant.FORMS[name]
     quant.check_granularity(granularity)  # also for float dtypes, where it has no effect
-    if kind == "int4" and cfg.head_dim % 2:
-        raise ValueError(f"int4 packs two codes per byte: head_dim {cfg.head_dim} must be even")
+    if cfg.head_dim % form.pack:
+        raise ValueError(f"{name} packs {form.pack} codes per byte: head_dim {cfg.head_dim} must be a multiple of {form.pack}")
     if calibration is not None:  # checked even where it goes unused (a float cache, position scales)
-        check_calibration(cfg, kind, calibration)
-    width = cfg.head_dim // 2 if kind == "int4" else cfg.head_dim
-    return kind, granularity if kind in quant.QMAX else None, np.dtype(STORED[kind]), width
+        check_calibration(cfg, name, calibration)
+    return form, granularity if form.scaled else None
 
 
 def check_calibration(cfg: ModelConfig, kind: str, calibration) -> None:
@@ -42,7 +41,7 @@ def check_calibration(cfg: ModelConfig, kind: str, calibration) -> None:
     for name, m in zip(("k_max", "v_max"), calibration):
         if np.shape(m) != expected:
             raise ValueError(f"calibration {name} has shape {np.shape(m)}, expected {expected}")
-        quant.static_scales(m, "head", kind if kind in quant.QMAX else "int8")
+        quant.static_scales(m, "head", kind if kind in quant.QUANTIZED else "int8")
 
 
 def fixed_scales(kind: str, granularity: str, calibration):
@@ -64,16 +63,16 @@ class KVCache:
     def __init__(self, cfg: ModelConfig, max_len: int | None = None, dtype="float32",
                  granularity: str = "position", calibration=None):
         max_len = cfg.block_size if isinstance(cfg, ModelConfig) and max_len is None else max_len
-        self.kind, self.granularity, self.dtype, width = storage(cfg, dtype, granularity, calibration)
+        self.form, self.granularity = storage(cfg, dtype, granularity, calibration)
         if not is_int(max_len) or not 1 <= max_len <= cfg.block_size:
             raise ValueError(f"max_len must be an integer in 1..{cfg.block_size} (block_size), got {max_len!r}")
         self.cfg, self.max_len, self.n = cfg, int(max_len), 0
-        shape = (cfg.n_kv_head, self.max_len, width)
+        shape = (cfg.n_kv_head, self.max_len, self.form.width(cfg.head_dim))
         self.k_scale = self.v_scale = []  # quantized only: per layer, see _init_scales
         if self.granularity is not None:
             self._init_scales(calibration)
-        self.k = [np.zeros(shape, self.dtype) for _ in range(cfg.n_layer)]  # per layer (Hkv, max_len, D or D/2)
-        self.v = [np.zeros(shape, self.dtype) for _ in range(cfg.n_layer)]
+        self.k = [np.zeros(shape, self.form.stored) for _ in range(cfg.n_layer)]  # per layer (Hkv, max_len, D or D/2)
+        self.v = [np.zeros(shape, self.form.stored) for _ in range(cfg.n_layer)]
         self.written = [0] * cfg.n_layer  # per layer: positions 0..written-1 hold K/V (n, or n + T mid-step)
 
     def _init_scales(self, calibration):
@@ -82,7 +81,7 @@ class KVCache:
             self.k_scale = [np.zeros(shape, np.float16) for _ in range(self.cfg.n_layer)]
             self.v_scale = [np.zeros(shape, np.float16) for _ in range(self.cfg.n_layer)]
             return
-        self.k_scale, self.v_scale = fixed_scales(self.kind, self.granularity, calibration)
+        self.k_scale, self.v_scale = fixed_scales(self.form.name, self.granularity, calibration)
 
     def check_room(self, count: int) -> None:
         """Raise before anything is written if `count` more positions do not fit."""
@@ -119,35 +118,32 @@ class KVCache:
         """Store K, V (Hkv, T, D) of T new positions at n..n+T-1 (n advances in `advance`)."""
         T = self._check_kv(layer, k, v)
         new = slice(self.n, self.n + T)
-        if self.granularity is None:  # float32 or float16: a plain store (cast on assignment)
-            self.k[layer][:, new] = k
-            self.v[layer][:, new] = v
-        else:
-            codes = [self._codes(layer, x, scales) for x, scales in ((k, self.k_scale), (v, self.v_scale))]
-            (self.k[layer][:, new], ks), (self.v[layer][:, new], vs) = codes  # stored only once both are valid
-            if self.granularity == "position":
-                self.k_scale[layer][:, new], self.v_scale[layer][:, new] = ks, vs
+        (kc, ks), (vc, vs) = self._codes(layer, k, self.k_scale), self._codes(layer, v, self.v_scale)
+        self.k[layer][:, new], self.v[layer][:, new] = kc, vc  # stored only once both are encoded
+        if self.granularity == "position":
+            self.k_scale[layer][:, new], self.v_scale[layer][:, new] = ks, vs
         self.written[layer] = self.n + T
 
     def _codes(self, layer, x, scales):
-        """Codes of x (Hkv, T, D) and, per position, their float16 scales (Hkv, T, 1)."""
+        """x (Hkv, T, D) in the cache's form and, per position, its float16 scales (Hkv, T, 1)."""
         if self.granularity == "position":
-            s16 = quant.position_scales(x, self.kind)
-            return quant.quantize(x, s16.astype(np.float32), self.kind), s16
-        return quant.quantize(x, scales[layer], self.kind), None  # fixed: (Hkv or 1, 1, 1)
+            s16 = quant.position_scales(x, self.form.name)
+            return self.form.encode(x, s16.astype(np.float32)), s16
+        return self.form.encode(x, scales[layer] if scales else None), None  # fixed: (Hkv or 1, 1, 1)
 
     def read(self, layer: int, end: int):
         """K, V of positions 0..end-1 as float32, each (Hkv, end, D): only positions written."""
         self._check_end(layer, end)
-        k, v = self.k[layer][:, :end], self.v[layer][:, :end]
-        if self.granularity is not None:
-            ks, vs = self.k_scale[layer], self.v_scale[layer]
-            if self.granularity == "position":
-                ks, vs = ks[:, :end].astype(np.float32), vs[:, :end].astype(np.float32)
-            return quant.dequantize(k, ks, self.kind), quant.dequantize(v, vs, self.kind)
-        if self.kind == "float16":
-            return k.astype(np.float32), v.astype(np.float32)
-        return k, v
+        ks, vs = self._scales(layer, end)
+        return self.form.decode(self.k[layer][:, :end], ks), self.form.decode(self.v[layer][:, :end], vs)
+
+    def _scales(self, layer, end):
+        """The K and V scales of positions 0..end-1 as float32, or (None, None) for an unscaled form."""
+        if self.granularity == "position":
+            return self.k_scale[layer][:, :end].astype(np.float32), self.v_scale[layer][:, :end].astype(np.float32)
+        if self.granularity:
+            return self.k_scale[layer], self.v_scale[layer]
+        return None, None
 
     def _check_advance(self, count) -> None:
         """Raise unless every layer has written the `count` positions after n."""
@@ -190,5 +186,5 @@ class KVCache:
         return sum(a.nbytes for a in self.k + self.v + self.k_scale + self.v_scale)
 
     def __repr__(self):
-        kind = self.kind + (f", {self.granularity} scales" if self.granularity else "")
+        kind = self.form.name + (f", {self.granularity} scales" if self.granularity else "")
         return f"KVCache(n={self.n}, max_len={self.max_len}, dtype={kind}, nbytes={self.nbytes:,})"

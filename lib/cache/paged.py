@@ -29,17 +29,17 @@ class PagedKVCache:
 
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int = 16, prefix_caching: bool = True,
                  dtype="float32", granularity: str = "position", calibration=None):
-        self.kind, self.granularity, stored, width = storage(cfg, dtype, granularity, calibration)
+        self.form, self.granularity = storage(cfg, dtype, granularity, calibration)
         self.cfg = cfg
         self.manager = BlockManager(num_blocks, block_size, prefix_caching)
-        shape = (self.manager.num_blocks, cfg.n_kv_head, self.manager.block_size, width)
-        self.k = [np.zeros(shape, stored) for _ in range(cfg.n_layer)]
-        self.v = [np.zeros(shape, stored) for _ in range(cfg.n_layer)]
+        shape = (self.manager.num_blocks, cfg.n_kv_head, self.manager.block_size, self.form.width(cfg.head_dim))
+        self.k = [np.zeros(shape, self.form.stored) for _ in range(cfg.n_layer)]
+        self.v = [np.zeros(shape, self.form.stored) for _ in range(cfg.n_layer)]
         if self.granularity == "position":
             self.k_scale = [np.ones(shape[:3], np.float32) for _ in range(cfg.n_layer)]  # (blocks, Hkv, bs)
             self.v_scale = [np.ones(shape[:3], np.float32) for _ in range(cfg.n_layer)]
         elif self.granularity is not None:
-            k_fixed, v_fixed = fixed_scales(self.kind, self.granularity, calibration)
+            k_fixed, v_fixed = fixed_scales(self.form.name, self.granularity, calibration)
             self.k_scale = [s.reshape(1, -1, 1) for s in k_fixed]  # (1, Hkv or 1, 1)
             self.v_scale = [s.reshape(1, -1, 1) for s in v_fixed]
         else:
@@ -61,15 +61,13 @@ class PagedKVCache:
     def store(self, layer, blocks, offsets, k, v):
         """Write K, V (T, Hkv, D) of T positions into slots (blocks[t], offsets[t]), quantized as the pool is."""
         for x, codes, scales in ((k, self.k, self.k_scale), (v, self.v, self.v_scale)):
-            if self.granularity is None:
-                codes[layer][blocks, :, offsets] = x  # float16: cast on assignment
-                continue
+            s = None  # an unscaled form stores the values themselves
             if self.granularity == "position":
-                s = quant.position_scales(x, self.kind).astype(np.float32)  # (T, Hkv, 1)
+                s = quant.position_scales(x, self.form.name).astype(np.float32)  # (T, Hkv, 1)
                 scales[layer][blocks, :, offsets] = s[..., 0]
-            else:
+            elif self.granularity:
                 s = scales[layer].reshape(-1, 1)  # (Hkv or 1, 1): broadcasts over (T, Hkv, D)
-            codes[layer][blocks, :, offsets] = quant.quantize(x, s, self.kind)
+            codes[layer][blocks, :, offsets] = self.form.encode(x, s)
 
     def load(self, layer, blocks, end):
         """K, V of the first `end` positions of the blocks listed, as float32 (Hkv, end, D) each."""
@@ -78,12 +76,12 @@ class PagedKVCache:
             return pool[blocks].transpose(1, 0, 2, *range(3, pool.ndim)).reshape(Hkv, -1, *pool.shape[3:])[:, :end]
         out = []
         for codes, scales in ((self.k, self.k_scale), (self.v, self.v_scale)):
-            c = gather(codes[layer])  # (Hkv, end, D or D/2)
-            if self.granularity is None:
-                out.append(c if self.kind == "float32" else c.astype(np.float32))
-                continue
-            s = gather(scales[layer])[..., None] if self.granularity == "position" else scales[layer][0][:, :, None]
-            out.append(quant.dequantize(c, s, self.kind))  # (Hkv, end, D)
+            s = None  # an unscaled form reads the values themselves
+            if self.granularity == "position":
+                s = gather(scales[layer])[..., None]  # (Hkv, end, 1)
+            elif self.granularity:
+                s = scales[layer][0][:, :, None]  # (Hkv or 1, 1, 1)
+            out.append(self.form.decode(gather(codes[layer]), s))  # (Hkv, end, D)
         return out[0], out[1]
 
     def add(self, seq_id, prompt) -> "PagedSequence":

@@ -81,13 +81,13 @@ def _half(c):
 
 NUMBER, E4M3_BITS, HALF, NIBBLES = range(4)  # how codes become numbers: the `form` the kernel is compiled for
 # Per stored form: (form, what decoding multiplies values by, how the kernel views the codes)
-FORMS = {"float32": (NUMBER, 1.0, None), "int8": (NUMBER, 1.0, None), "fp8": (E4M3_BITS, 2.0 ** -120, None),
+DECODINGS = {"float32": (NUMBER, 1.0, None), "int8": (NUMBER, 1.0, None), "fp8": (E4M3_BITS, 2.0 ** -120, None),
          "float16": (HALF, 2.0 ** -112, np.uint16), "int4": (NIBBLES, 1.0, None)}
 
 
 @njit(inline="always")
 def _decode(form, c):
-    """A code as float32, times FORMS' factor (`form` is a compile-time constant: one branch remains)."""
+    """A code as float32, times DECODINGS' factor (`form` is a compile-time constant: one branch remains)."""
     if form == E4M3_BITS:
         return _e4m3(c)
     if form == HALF:
@@ -290,7 +290,7 @@ def paged_attention(form, q, k_pool, v_pool, k_scale, v_scale, unit, tables, seq
 
 def attend_paged(q, pool, layer, tables, seq, pos, scale):
     """paged attention over one layer of `pool` (a lib.cache.paged.PagedKVCache of any dtype): q (R, H, D) -> (R, H, D)."""
-    form, unit, view = FORMS[pool.kind]
+    form, unit, view = DECODINGS[pool.form.name]
     k, v = (a if view is None else a.view(view) for a in (pool.k[layer], pool.v[layer]))
     out = np.empty(q.shape, np.float32)  # (R, H, D)
     paged_attention(form, np.ascontiguousarray(q), k, v, pool.k_scale[layer], pool.v_scale[layer], np.float32(1 / unit),
@@ -298,4 +298,4 @@ def attend_paged(q, pool, layer, tables, seq, pos, scale):
     return out
 
 
-assert set(FORMS) == set(quant.QMAX) | {"float32", "float16"}
+assert set(DECODINGS) == set(quant.FORMS)

@@ -1,28 +1,102 @@
-"""Quantizing the KV cache: symmetric integer codes with scales, int8 and packed int4.
+"""How K/V values are stored: one `Form` per storage type, float32, float16, fp8 (e4m3), int8, int4.
 
-x ~ scale * q with q = round(x / scale) clipped to [-qmax, qmax], qmax = 127 (int8) or 7 (int4),
-and scale = max|x| / qmax over a group of values. The group is the granularity: per position
-(one scale per head and position, computed as each token is written, as in KIVI's per-token
-value quantization, Liu et al. 2024), per head or per tensor (one scale per layer and head, or per
-layer, fixed beforehand from a calibration run, like the calibrated scales vLLM's fp8
-cache can load; its default scale is 1). int4 codes are packed two to a byte, so the bytes really halve.
+A form knows its stored element type, how many values share an element (int4: two codes per byte,
+so the bytes really halve), and how to encode values into codes and decode them back. The
+quantized forms store codes with scales: x ~ scale * q with q = round(x / scale) clipped to
+[-qmax, qmax], qmax = 127 (int8) or 7 (int4), and scale = max|x| / qmax over a group of values.
+The group is the granularity: per position (one scale per head and position, computed as each
+token is written, as in KIVI's per-token value quantization, Liu et al. 2024), per head or per
+tensor (one scale per layer and head, or per layer, fixed beforehand from a calibration run, like
+the calibrated scales vLLM's fp8 cache can load; its default scale is 1).
 
 fp8 stores x / scale as an 8-bit float, e4m3 (4 exponent bits, 3 mantissa bits, largest value 448),
 rounded exactly as vLLM's `kv_cache_dtype="fp8"` cache stores it (torch.float8_e4m3fn), with
 scale = max|x| / 448 over the same groups; the codes are the format's bit patterns (uint8).
 """
+from dataclasses import dataclass
+from typing import Callable
+
 import numpy as np
 
-QMAX = {"int8": 127, "int4": 7, "fp8": 448.0}  # fp8: the largest finite e4m3 value
 GRANULARITIES = ("position", "head", "tensor")
 
 
-CODE_DTYPES = {"int8": np.int8, "int4": np.uint8, "fp8": np.uint8}  # int4: two codes per byte
+@dataclass(frozen=True)
+class Form:
+    """A storage form: `stored` elements, `pack` values per element, codes up to `qmax` (0: the
+    values themselves, unscaled). `encode`/`decode` are the unchecked twins of quantize/dequantize."""
+    name: str
+    stored: np.dtype
+    pack: int
+    qmax: float
+    to_codes: Callable  # values (already divided by their scale) -> codes
+    to_values: Callable  # codes -> float32 values (before their scale)
+
+    @property
+    def scaled(self) -> bool:
+        return self.qmax > 0
+
+    @property
+    def value_bytes(self) -> float:
+        return self.stored.itemsize / self.pack
+
+    def width(self, head_dim: int) -> int:
+        """Stored elements per position and head."""
+        return head_dim // self.pack
+
+    def encode(self, x, scale=None) -> np.ndarray:
+        return self.to_codes(x if scale is None else x / scale)
+
+    def decode(self, codes, scale=None) -> np.ndarray:
+        values = self.to_values(codes)
+        return values if scale is None else values * scale
 
 
-def check_kind(kind) -> None:
-    if not isinstance(kind, str) or kind not in QMAX:
-        raise ValueError(f"quantized kind must be one of {', '.join(QMAX)}, got {kind!r}")
+def _int_codes(qmax, dtype):
+    def codes(y):
+        q = np.rint(y)  # (..., D)
+        np.clip(q, -qmax, qmax, out=q)
+        return q.astype(dtype)
+    return codes
+
+
+def _int4_codes(y):
+    u = (_int4_signed(y) + 8).astype(np.uint8)  # (..., D): 1..15
+    return u[..., 0::2] | (u[..., 1::2] << 4)  # (..., D/2): two codes per byte
+
+
+_int4_signed = _int_codes(7, np.int8)
+
+
+def _int4_values(codes):
+    q = np.stack([(codes & 0x0F).astype(np.int8) - 8, (codes >> 4).astype(np.int8) - 8], axis=-1)  # (..., D/2, 2)
+    return q.reshape(*codes.shape[:-1], codes.shape[-1] * 2).astype(np.float32)  # (..., D)
+
+
+def _as(dtype):
+    return lambda a: a.astype(dtype, copy=False)
+
+
+def _fp8_values(codes):
+    value = E4M3[codes & 0x7F].astype(np.float32)
+    return np.where(codes & 0x80, -value, value)
+
+
+FORMS = {f.name: f for f in (
+    Form("float32", np.dtype(np.float32), 1, 0, _as(np.float32), _as(np.float32)),
+    Form("float16", np.dtype(np.float16), 1, 0, _as(np.float16), _as(np.float32)),
+    Form("fp8", np.dtype(np.uint8), 1, 448.0, lambda y: fp8_encode(y), _fp8_values),  # 448: e4m3's largest value
+    Form("int8", np.dtype(np.int8), 1, 127, _int_codes(127, np.int8), _as(np.float32)),
+    Form("int4", np.dtype(np.uint8), 2, 7, _int4_codes, _int4_values),
+)}
+QUANTIZED = tuple(name for name, f in FORMS.items() if f.scaled)  # fp8, int8, int4
+
+
+def check_kind(kind) -> Form:
+    """The quantized form named `kind`."""
+    if not isinstance(kind, str) or kind not in QUANTIZED:
+        raise ValueError(f"quantized kind must be one of {', '.join(QUANTIZED)}, got {kind!r}")
+    return FORMS[kind]
 
 
 def check_granularity(granularity) -> None:
@@ -53,38 +127,24 @@ def check_scales(scale, shape) -> np.ndarray:
 
 def quantize(x, scale, kind: str):
     """Codes of x (..., D) for the given scale (broadcastable to x): int8, or int4 packed to (..., D/2) uint8."""
-    check_kind(kind)
+    form = check_kind(kind)
     x = check_values(x)
-    if kind == "int4" and x.shape[-1] % 2:
-        raise ValueError(f"int4 packs two codes per byte: the last dimension ({x.shape[-1]}) must be even")
-    scale = check_scales(scale, x.shape)
-    if kind == "fp8":
-        return fp8_encode(x / scale)  # (..., D) uint8
-    qmax = QMAX[kind]
-    q = np.rint(x / scale)  # (..., D)
-    np.clip(q, -qmax, qmax, out=q)
-    if kind == "int8":
-        return q.astype(np.int8)
-    u = (q + 8).astype(np.uint8)  # 1..15
-    return u[..., 0::2] | (u[..., 1::2] << 4)  # (..., D/2): two codes per byte
+    if x.shape[-1] % form.pack:
+        raise ValueError(f"{kind} packs {form.pack} codes per byte: the last dimension ({x.shape[-1]}) must be a "
+                         f"multiple of {form.pack}")
+    return form.encode(x, check_scales(scale, x.shape))
 
 
 def dequantize(codes, scale, kind: str) -> np.ndarray:
     """float32 values from codes and scales (the inverse of quantize, up to rounding)."""
-    check_kind(kind)
+    form = check_kind(kind)
     codes = np.asarray(codes)
-    if codes.dtype != CODE_DTYPES[kind] or codes.ndim == 0:
-        raise ValueError(f"{kind} codes must be an array of {np.dtype(CODE_DTYPES[kind]).name} (from quantize), "
+    if codes.dtype != form.stored or codes.ndim == 0:
+        raise ValueError(f"{kind} codes must be an array of {form.stored.name} (from quantize), "
                          f"got {codes.dtype} of shape {codes.shape}")
-    scale = check_scales(scale, codes.shape[:-1] + (codes.shape[-1] * (2 if kind == "int4" else 1),))
     if kind == "fp8":
-        return fp8_decode(codes) * scale
-    if kind == "int8":
-        return codes.astype(np.float32) * scale
-    lo = (codes & 0x0F).astype(np.int8) - 8
-    hi = (codes >> 4).astype(np.int8) - 8
-    q = np.stack([lo, hi], axis=-1).reshape(*codes.shape[:-1], codes.shape[-1] * 2)  # (..., D)
-    return q.astype(np.float32) * scale
+        _check_fp8(codes)
+    return form.decode(codes, check_scales(scale, codes.shape[:-1] + (codes.shape[-1] * form.pack,)))
 
 
 def position_scales(x, kind: str):
@@ -94,15 +154,15 @@ def position_scales(x, kind: str):
     number (so the scale is never zero or subnormal). A group of all zeros gets that smallest
     scale and zero codes; a group whose largest |value| is not zero but so small that even that
     scale would give it only zero codes is refused, rather than silently stored as zeros."""
-    check_kind(kind)
+    qmax = check_kind(kind).qmax
     x = np.asarray(x)
     if x.dtype.kind not in "iuf" or x.ndim == 0 or x.shape[-1] == 0:
         raise ValueError(f"K/V values must be a non-empty array of numbers (..., D), got {x.dtype} of shape {x.shape}")
     amax = np.abs(x).max(axis=-1, keepdims=True)  # (Hkv, T, 1)
-    s = np.maximum(amax / QMAX[kind], np.finfo(np.float16).tiny)
+    s = np.maximum(amax / qmax, np.finfo(np.float16).tiny)
     if not (s <= np.finfo(np.float16).max).all():  # also catches NaN
         raise ValueError(f"K/V values up to {float(np.nanmax(np.abs(x)))!r} (or NaN) have no float16 scale: "
-                         f"the largest is {float(np.finfo(np.float16).max) * QMAX[kind]:.4g} for {kind}")
+                         f"the largest is {float(np.finfo(np.float16).max) * qmax:.4g} for {kind}")
     lost = (amax > 0) & (amax < smallest_coded(kind))
     if lost.any():
         raise ValueError(f"K/V values as small as {float(amax[lost].max())!r} (a group's largest |value|) have no "
@@ -125,19 +185,19 @@ def static_scales(absmax, granularity: str, kind: str):
     """Per layer, the fixed scale for 'head' (Hkv, 1, 1) or 'tensor' (1, 1, 1) granularity, float32."""
     if granularity not in ("head", "tensor"):
         raise ValueError(f"granularity of fixed scales must be head or tensor, got {granularity!r}")
-    check_kind(kind)
+    qmax = check_kind(kind).qmax
     absmax = np.asarray(absmax)
     if absmax.dtype.kind not in "iuf" or absmax.ndim != 2 or absmax.size == 0:
         raise ValueError(f"calibration maxima must be a (n_layer, n_kv_head) array of numbers, got {absmax.dtype} "
                          f"of shape {absmax.shape}")
     absmax = absmax.astype(np.float64)
-    if not (np.isfinite(absmax).all() and (absmax / QMAX[kind] >= np.finfo(np.float32).tiny).all()):
+    if not (np.isfinite(absmax).all() and (absmax / qmax >= np.finfo(np.float32).tiny).all()):
         raise ValueError("calibration maxima must be finite and > 0 for every layer and KV head "
                          "(all-zero, NaN or inf calibration would give no usable scale; values below "
-                         f"{np.finfo(np.float32).tiny * QMAX[kind]:.3g} give a float32 scale that underflows)")
+                         f"{np.finfo(np.float32).tiny * qmax:.3g} give a float32 scale that underflows)")
     if granularity == "head":
-        return [(m / QMAX[kind]).astype(np.float32)[:, None, None] for m in absmax]
-    return [np.full((1, 1, 1), m.max() / QMAX[kind], np.float32) for m in absmax]
+        return [(m / qmax).astype(np.float32)[:, None, None] for m in absmax]
+    return [np.full((1, 1, 1), m.max() / qmax, np.float32) for m in absmax]
 
 
 def _e4m3_values() -> np.ndarray:
@@ -168,12 +228,15 @@ def fp8_encode(x) -> np.ndarray:
     return (code | np.signbit(x).astype(np.int64) << 7).astype(np.uint8)  # sign bit, also on a value rounded to -0
 
 
+def _check_fp8(codes) -> None:
+    if ((codes & 0x7F) == 0x7F).any():
+        raise ValueError("fp8 codes 0x7F and 0xFF are NaN in e4m3fn, which fp8_encode never writes")
+
+
 def fp8_decode(codes) -> np.ndarray:
     """float32 values of fp8 e4m3 codes from fp8_encode."""
     codes = np.asarray(codes)
     if codes.dtype != np.uint8:
         raise ValueError(f"fp8 codes must be a uint8 array of bit patterns (from fp8_encode), got {codes.dtype}")
-    if ((codes & 0x7F) == 0x7F).any():
-        raise ValueError("fp8 codes 0x7F and 0xFF are NaN in e4m3fn, which fp8_encode never writes")
-    value = E4M3[codes & 0x7F].astype(np.float32)
-    return np.where(codes & 0x80, -value, value)
+    _check_fp8(codes)
+    return _fp8_values(codes)

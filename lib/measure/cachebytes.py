@@ -21,6 +21,7 @@ import dataclasses
 
 import numpy as np
 
+from lib.cache.kv_cache import DTYPES
 from lib.cache.paged import PagedKVCache
 from lib.cache.paged_kernel import attend_paged
 from lib.lean import LeanModel
@@ -29,7 +30,6 @@ from lib.measure.counting import pool_call
 from lib.measure.standins import STANDINS, standin_params
 from lib.timing import median_time
 
-DTYPES = ("float32", "float16", "fp8", "int8", "int4")
 LONG_STANDIN = dataclasses.replace(STANDINS["12x768"], block_size=1024)  # GPT-2 small: 12 x 768, 1,024 positions
 
 
