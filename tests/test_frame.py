@@ -15,6 +15,7 @@ from lib.book.prose import glued, shown
 BOOK = Path(__file__).resolve().parent.parent / "book"
 CHAPTERS = sorted(BOOK.glob("[0-9][0-9]_*.ipynb"))
 WORDS, NUMBERS = 1500, 30  # the main path's budget
+LONGER = {"09_speculative_proof": 2500}  # the proof, its worked example and its slider stay on the main path
 PHRASE = 40  # characters: the longest prose value, a number with its unit or a short phrase
 PENDING = {  # chapters not yet on the frame; each issue that reframes one removes it here
     "01_model", "02_prefill_decode", "04_memory", "05_gqa", "06_paging", "07_quantization",
@@ -82,7 +83,7 @@ def test_pending_names_real_chapters():
 def test_main_path_keeps_its_budget_and_has_every_box(path):
     f = frame(path)
     print(f"{path.stem}: main path {f['words']} words, {f['numbers']} prose numbers")
-    assert f["words"] <= WORDS and f["numbers"] <= NUMBERS, f
+    assert f["words"] <= LONGER.get(path.stem, WORDS) and f["numbers"] <= NUMBERS, f
     missing = [box for box in ("opening", "stack", "problem", "remember", "next", "measured") if not f[box]]
     assert not missing, f"{path.stem} lacks: {', '.join(missing)}"
 
