@@ -611,7 +611,10 @@ def _(d):
                            "n_kv_head": d(count(1)), "head_dim": d(count(1)),
                            "windows": d(arg(st.just((None,) * n), lambda: (0,) * n, lambda: [None] * n, (None,) * (n + 1), "x")),
                            "n_params": d(real(0, 1e12, -1.0)), "source": d(arg(st.just(""), 3)),
-                           "n_head": d(arg(st.just(0), -1, 1.5, None)), "latent": d(count(0))}
+                           "n_head": d(arg(st.just(0), -1, 1.5, None)), "latent": d(count(0)),
+                           "embedding": d(arg(st.just(0.0), -1.0, 2e12, math.nan, "1")),  # 2e12: more than n_params
+                           "experts": d(arg(st.just(0), -1, 1.5, 4)), "active": d(arg(st.just(0), -1, 1.5, 5)),
+                           "expert_params": d(arg(st.just(0.0), -1.0, 2e12, math.inf, None))}
 
 
 def kv_spec(d):
@@ -629,9 +632,23 @@ def _(d):
                                     "dtype": d(option(tuple(memory.DTYPE_BYTES)))}
 
 
-for _name in ("bytes_per_token", "weight_bytes"):
-    spec(f"memory.KVSpec.{_name}", contract=lambda r: r >= 0)(
-        lambda d, m=_name: (getattr(memory.KVSpec, m), {"self": kv_spec(d), "dtype": d(option(tuple(memory.DTYPE_BYTES)))}))
+@spec("memory.KVSpec.bytes_per_token", contract=lambda r: r >= 0)
+def _(d):
+    return memory.KVSpec.bytes_per_token, {"self": kv_spec(d), "dtype": d(option(tuple(memory.DTYPE_BYTES)))}
+
+
+@spec("memory.KVSpec.weight_bytes", contract=lambda r: r >= 0)
+def _(d):
+    return memory.KVSpec.weight_bytes, {"self": kv_spec(d), "dtype": d(option(tuple(memory.DTYPE_BYTES))),
+                                        "expert_dtype": d(arg(st.sampled_from(("",) + tuple(memory.DTYPE_BYTES)),
+                                                              "bogus", None, 3, "INT8")),
+                                        "batch": d(count(0, top=10**4))}
+
+
+@spec("memory.expected_experts", contract=lambda r: r >= 0)
+def _(d):
+    return memory.expected_experts, {"experts": d(arg(st.integers(8, 256), 0, -1, 1.5, None, True)),
+                                     "active": d(arg(st.integers(1, 8), 0, 1.5, None, 257)), "tokens": d(count(0, top=10**4))}
 
 
 @spec("memory.KVSpec.values_per_position", contract=lambda r: r > 0)

@@ -7,10 +7,10 @@ from lib.cache.kv_cache import KVCache
 from lib.cache.memory import (
     GPU,
     H100,
+    KVSpec,
     LLAMA_2_7B,
     LLAMA_3_8B,
     REAL_MODELS,
-    KVSpec,
     expected_experts,
     from_hf_config,
     from_model_config,

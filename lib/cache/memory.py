@@ -133,9 +133,10 @@ class KVSpec:
         (batch 0), or as one decode step of `batch` sequences reads them: without the gathered
         embedding rows, and of the routed experts the expected share its tokens were sent to."""
         check_count(batch, "batch", 0)
+        per_expert_param = dtype_bytes(dtype if expert_dtype == "" else expert_dtype)
         share = expected_experts(self.experts, self.active, batch) / self.experts if batch and self.experts else 1.0
         dense = self.n_params - self.expert_params - (self.embedding if batch else 0)
-        return dense * dtype_bytes(dtype) + self.expert_params * share * dtype_bytes(expert_dtype or dtype)
+        return dense * dtype_bytes(dtype) + self.expert_params * share * per_expert_param
 
 
 def expected_experts(experts: int, active: int, tokens: int) -> float:
