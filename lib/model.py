@@ -62,13 +62,21 @@ def softmax(x, axis=-1):
 def attention(q, k, v):
     """Causal attention of T new queries over S = start + T keys, the queries being the last T.
 
-    q: (H, T, D); k, v: (Hkv, S, D). Query head h reads K/V head h // G (G = H / Hkv).
+    q: (H, T, D); k, v: (Hkv, S, D). Query head h reads K/V head h // G (G = H / Hkv): the G
+    heads of a group are the rows of one product per K/V head, which reads K and V once
+    (FlashAttention-2 reshapes a decoding step's queries the same way). With fewer query rows
+    than positions, the scores are computed as k @ q^T, positions as the product's rows:
+    OpenBLAS runs a product of a few rows several times slower per byte (chapter 5).
     """
     H, T, D = q.shape
     Hkv, S, _ = k.shape
     G = H // Hkv
     qg = q.reshape(Hkv, G * T, D)  # (Hkv, G*T, D): a group's queries side by side
-    att = qg @ k.transpose(0, 2, 1) * (1.0 / math.sqrt(D))  # (Hkv, G*T, S)
+    scale = 1.0 / math.sqrt(D)
+    if G * T < S:  # few query rows (decode): positions as the rows, scaled into C order
+        att = np.multiply((k @ qg.transpose(0, 2, 1)).transpose(0, 2, 1), scale, order="C")  # (Hkv, G*T, S)
+    else:
+        att = qg @ k.transpose(0, 2, 1) * scale  # (Hkv, G*T, S)
     if T > 1:  # a single new token may see every cached position
         future = np.arange(S)[None, :] > np.arange(S - T, S)[:, None]  # (T, S)
         att = att.reshape(Hkv, G, T, S)

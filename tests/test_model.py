@@ -76,7 +76,8 @@ def per_head_attention(q, k, v):
     return out
 
 
-@pytest.mark.parametrize("H,Hkv,T,S", [(4, 4, 5, 5), (4, 2, 3, 7), (4, 1, 1, 6), (8, 2, 6, 6), (2, 1, 4, 9)])
+@pytest.mark.parametrize("H,Hkv,T,S", [(4, 4, 5, 5), (4, 2, 3, 7), (4, 1, 1, 6), (8, 2, 6, 6), (2, 1, 4, 9),
+                                     (8, 2, 1, 40), (8, 8, 1, 40), (8, 1, 2, 12)])  # scores as k @ q^T when G*T < S
 def test_grouped_attention_matches_a_per_head_reference(H, Hkv, T, S):
     rng = np.random.default_rng(H * 100 + Hkv * 10 + T)
     q, k, v = rng.standard_normal((H, T, 8)), rng.standard_normal((Hkv, S, 8)), rng.standard_normal((Hkv, S, 8))
