@@ -33,8 +33,10 @@ from lib.measure.counting import OpCounts, step_counts
 from lib.measure.machine import cpu_model
 from lib.model import forward_cached
 
-PROBE_SIZES = (32 * 2**10, 256 * 2**10, 2**20, 3 * 2**19, 2 * 2**20, 3 * 2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20,
-          256 * 2**20, 2**30)  # working sets probed; dense around the common L2 sizes, where the rate falls
+PROBE_SIZES = (256 * 2**10, 2**20, 3 * 2**19, 2 * 2**20, 3 * 2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20,
+               256 * 2**20, 2**30)  # working sets probed; dense around the common L2 sizes, where the rate falls.
+# None below 256 KiB: there one-row products' bytes take less time than their calls, and the difference of
+# two call times resolves no rate (a 32 KiB probe once gave 3e16 B/s); smaller working sets take 256 KiB's rate.
 RATE_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 64, 512)
 RATE_LEVELS = (256 * 2**10, 16 * 2**20, 256 * 2**20)  # weight sizes the products are timed on: in L2, L3, memory
 LARGE_ROWS = 64  # from this many rows on, products are timed in L2 only (compute-bound wherever the weight is;
