@@ -53,8 +53,15 @@ QUOTED = {
         "0.6-0.8": "parse",
     },
     "02_prefill_decode.ipynb": {
-        "3.35": "datasheet", "989": "datasheet",  # NVIDIA's H100 SXM datasheet: HBM3, dense BF16
+        "3.35": ("data sheet", "on an H100"), "989": ("data sheet", "on an H100"),  # NVIDIA's H100 SXM data sheet
         "8.03": "model card",  # Llama 3 8B's parameter count
+        "126.90": "torchao",  # tokens/s, pytorch/ao quantization README
+        "81,559": "driver reports",  # nvidia-smi on an H100 80GB HBM3
+        "64": "Little's law",  # a cache line's bytes
+        "12": "registers",  # the kernel's 4 x 3 accumulators
+        "2048": "n_batch",  # llama.cpp's default -b
+        "256": "Try this", "65,536": "Try this", "4,096": ("Try this", "tokens of context each"),  # slider ends; the problem's context
+        "32": "query heads", "128": ("K/V head", "size 128"),  # Llama-3.1-8B's config.json, in the worked problem
     },
     "03_kv_cache.ipynb": {
         "107": "The article", "1.16": "The article", "92": "The article",  # the source article's figures
