@@ -14,10 +14,10 @@ without %), which read as words ("2 KV heads", "8 prompts").
 """
 import json
 import re
-from datetime import datetime
 from pathlib import Path
 
 import pytest
+from conftest import recorded_seconds
 
 BOOK = Path(__file__).parents[1] / "book"
 
@@ -194,17 +194,6 @@ def test_the_scanner_catches_a_typed_number_and_accepts_glue_and_attribution():
     names = "[issue 32867](u), [PR 197](u), [11. Serving](u), their Lemma 3.3, section 3.4, arXiv:2401.10774"
     assert list(prose_numbers(names)) == []
     assert [n for n, _ in prose_numbers("[a 6.5x speed-up](u) at 0.7")] == ["6.5", "0.7"]
-
-
-def recorded_seconds(notebook: Path) -> float:
-    """Wall time of a notebook's last stored run, from the cell timings nbclient records."""
-    stamps = [datetime.fromisoformat(c["metadata"]["execution"][key].replace("Z", "+00:00"))
-              for c in json.loads(notebook.read_text())["cells"]
-              if "execution" in c.get("metadata", {})
-              for key in ("iopub.execute_input", "shell.execute_reply")]
-    if not stamps:
-        raise ValueError(f"{notebook.name} stores no cell timings: re-execute it with nbclient")
-    return (max(stamps) - min(stamps)).total_seconds()
 
 
 # The chapters whose stored run time is checked (the others are being re-executed in parallel;
