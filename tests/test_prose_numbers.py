@@ -49,8 +49,7 @@ QUOTED = {
     "01_model.ipynb": {
         "5.4": "the source article", "33": "the source article",
         "2.254": "the source article", "2.341": "the source article",
-        "0.6": "temperature", "0.8": "temperature", "1.3": "temperature",  # slider values
-        "0.6-0.8": "parse",
+        "1.3": "temperature",  # a slider value
     },
     "02_prefill_decode.ipynb": {
         "3.35": ("data sheet", "on an H100"), "989": ("data sheet", "on an H100"),  # NVIDIA's H100 SXM data sheet
