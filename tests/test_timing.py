@@ -56,6 +56,8 @@ def test_every_call_is_kept_as_an_op_with_what_a_cost_model_needs():
     weights, attention = counts.ops[:2]
     assert (weights.rows, weights.streamed, weights.batch) == (5, 8 * 3 * 4, 1)
     assert (attention.rows, attention.streamed, attention.batch) == (1, 2 * 6 * 10 * 4, 2)
+    keys_left = count_ops(lambda p: p["k"].transpose(0, 2, 1) @ np.ones((2, 6, 1), np.float32), params).ops[0]
+    assert keys_left.streamed == 2 * 6 * 10 * 4  # K counted as streamed on either side of the product
     assert counts.ops[4].flops == 2 * 10  # every element of att was written
     assert counts.numpy_calls == 5  # the masked write is not a numpy call
 

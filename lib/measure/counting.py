@@ -51,12 +51,15 @@ def _nbytes(values) -> int:
 
 def _product_op(a, b, out) -> Op:
     """One matrix product a @ b = out, as the roofline counts it: 2*m*k*n FLOPs for each product of
-    the batch, and every byte of both operands and the result, each moved once."""
+    the batch, and every byte of both operands and the result, each moved once. What streams from
+    memory is the weight matrix, or of an attention product its larger operand: the cached K or V
+    (K as the left operand when `attention` computes k @ q^T), or a long prefill's T x T scores."""
     m, k, n = a.shape[-2] if a.ndim > 1 else 1, a.shape[-1], b.shape[-1]  # (..., m, k) @ (..., k, n)
     batch = int(np.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), dtype=np.int64))  # heads, or 1
     weights = b.ndim == 2  # one matrix for every row (and every batch of rows)
     return Op("matmul", "weights" if weights else "attention", flops=2 * batch * m * k * n,
-              bytes=a.nbytes + b.nbytes + out.nbytes, rows=m * batch if weights else m, streamed=b.nbytes, batch=batch)
+              bytes=a.nbytes + b.nbytes + out.nbytes, rows=m * batch if weights else m,
+              streamed=b.nbytes if weights else max(a.nbytes, b.nbytes), batch=batch)
 
 
 def count_ops(fn, params: dict, counts: OpCounts = None) -> OpCounts:
