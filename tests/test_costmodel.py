@@ -64,6 +64,20 @@ def test_h100_decode_is_the_larger_of_reading_and_computing():
     assert big["bound"] == "compute" and big["seconds"] == pytest.approx(2 * 8.03e9 * 64 / 1e12)
 
 
+def test_h100_decode_reads_what_its_tokens_use():
+    """A mixture of experts at batch 1 reads and computes with its routed experts only; the
+    embedding's rows are gathered, not read."""
+    moe = from_hf_config({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "vocab_size": 100,
+                          "tie_word_embeddings": False, "num_local_experts": 8, "num_experts_per_tok": 2,
+                          "intermediate_size": 32}, "moe", 1e6)
+    experts = 2 * 8 * 3 * 64 * 32  # layers x experts x 3 matrices of hidden x intermediate
+    used = 1e6 - 100 * 64 - experts * 6 / 8  # one token: 2 of 8 experts, no embedding
+    one = predict_decode(moe, H100, batch=1, context=1)
+    assert one["weights"] == pytest.approx(2 * used)
+    assert one["compute"] == pytest.approx(2 * used / H100.flops)
+    assert predict_decode(moe, H100, batch=64, context=1)["weights"] > one["weights"]  # more experts touched
+
+
 def test_cache_sizes_are_bytes():
     assert all(isinstance(v, int) and v > 0 for v in cache_sizes().values())
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lib.cache.memory import GPU, H100, from_hf_config
+from lib.cache.memory import GPU, H100, LLAMA_3_8B, dtype_bytes, from_hf_config
 from lib.lean import LeanModel
 from lib.measure.counting import OpCounts, step_counts
 from lib.measure.machine import cpu_model
@@ -219,17 +219,20 @@ def predict_calls(machine, builder, params, cfg, position, sizes, products=None,
 
 def predict_decode(spec, gpu: GPU, batch: int = 1, context: int = 1024, dtype: str = "bfloat16") -> dict:
     """One decode step of `batch` sequences of `context` tokens for a `lib.cache.memory` spec on `gpu`:
-    the weights and every sequence's K/V read once, against 2 N B FLOPs of the weight products."""
-    weights, kv = spec.weight_bytes(dtype), spec.kv_bytes(context, batch, dtype)
+    the weights the step reads (`KVSpec.weight_bytes` at that batch: no gathered embedding rows, of a
+    mixture of experts the ones its tokens were routed to) and every sequence's K/V, read once,
+    against 2 FLOPs per parameter each token uses."""
+    weights, kv = spec.weight_bytes(dtype, batch=batch), spec.kv_bytes(context, batch, dtype)
+    per_token = spec.weight_bytes(dtype, batch=1) / dtype_bytes(dtype)  # parameters one token's products use
     memory = (weights + kv) / gpu.bandwidth
-    compute = 2 * spec.n_params * batch / gpu.flops
+    compute = 2 * per_token * batch / gpu.flops
     return {"seconds": max(memory, compute), "memory": memory, "compute": compute,
             "weights": weights, "kv": kv, "bound": "memory" if memory >= compute else "compute"}
 
 
 # Llama-3.1-8B's parameters that a decode step reads: all 8.03e9 but the input embedding
 # (128,256 x 4,096, config.json), whose rows are gathered, not read (torchao counts the same: 15.01 GB).
-LLAMA_READ_PARAMS = 8.03e9 - 128256 * 4096
+LLAMA_READ_PARAMS = LLAMA_3_8B.weight_bytes("bfloat16", batch=1) / dtype_bytes("bfloat16")
 
 
 def h100_line(out=print) -> tuple:
