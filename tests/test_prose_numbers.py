@@ -81,7 +81,10 @@ QUOTED = {
     },
     "06_paging.ipynb": {
         "47.2": "the article", "0.7": "the article", "1.4": "the article",
-        "32": "the article",  # the block sizes the article compared, 16 and 32
+        "32": ("the article", "layers"),  # the article's block sizes, 16 and 32; Llama-3.1-8B's layers
+        "128": "KV heads",  # Llama-3.1-8B's head size (config.json), in the worked problem
+        "81,559": "driver reports", "8.03": "model card",  # nvidia-smi on an H100; Llama-3.1-8B's parameters
+        "90": "FlashInfer",  # its README: vector-sparse attention at 90% of the dense kernels' bandwidth
     },
     "07_quantization.ipynb": {
         "0.000739": "the source article", "0.00885": "the source article",
