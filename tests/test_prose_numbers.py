@@ -50,6 +50,9 @@ QUOTED = {
         "5.4": "the source article", "33": "the source article",
         "2.254": "the source article", "2.341": "the source article",
         "1.3": "temperature",  # a slider value
+        "989": "data sheet", "3.35": "data sheet",  # NVIDIA's H100 SXM data sheet, dense BF16
+        "8,030,261,248": "safetensors",  # Llama-3.1-8B's parameter count on the Hugging Face Hub
+        "126.90": "torchao",  # tokens/s, pytorch/ao quantization README
     },
     "02_prefill_decode.ipynb": {
         "3.35": ("data sheet", "on an H100"), "989": ("data sheet", "on an H100"),  # NVIDIA's H100 SXM data sheet
