@@ -74,13 +74,25 @@ QUOTED = {
         "32": "layers", "128": "KV heads", "4,096": "requests of",  # Llama-3.1-8B's config; the problem's length
     },
     "04_memory.ipynb": {
-        "128": "sliding", "12.8": "model card", "4.25": "model card",
-        "2,880": "config", "24": "config", "32": "config",  # gpt-oss-20b's config.json
+        "12.8": "model card", "4.25": "model card",  # gpt-oss-20b's model card: checkpoint GiB, MXFP4 bits
+        # configs (config.json): gpt-oss-20b's experts and layers; Gemma-3-27B's, Mistral-7B-v0.1's window;
+        # DeepSeek-V3's heads, latent and experts; Llama-3-8B's layers and head size (worked problem)
+        "2,880": "config", "24": "config", "32": "config", "62": "config", "4,096": "config",
+        "128": "config", "576": "config", "256": "config", "58": "config", "61": "config",
+        "3.35": "data sheet", "80": "data sheet", "81,559": "driver reports",  # H100 SXM; nvidia-smi
+        "0.9": "vLLM", "0.92": "vLLM",  # gpu_memory_utilization's defaults, old and recent
+        "32.06": "vLLM's log", "420,208": "vLLM's log",  # Llama-3.1-70B on 4 H100s (LMCache's FAQ)
+        "0.1373": "vLLM", "1,000": "vLLM",  # the FAQ's "GB" per 1,000 Qwen3-8B tokens
+        "64": "Try this",  # the slider's batch
     },
     "05_gqa.ipynb": {
         "63": "LLMs-from-scratch", "72": "LLMs-from-scratch",
         "5.95": "the article", "2.06": "the article", "1.18": "the article",
         "5": "Ainslie",  # their uptraining share, 5% of the pre-training steps
+        # Llama 2 7B's / Llama 3 8B's config.json (layers, query heads, head size, Llama 2's context),
+        # DeepSeek-V2/V3's heads; the slider's multi-head end; nvidia-smi on an H100 (worked problem)
+        "32": ("config.json", "Try this"), "128": "config.json", "4,096": "config.json",
+        "81,559": "driver reports",
     },
     "06_paging.ipynb": {
         "47.2": "the article", "0.7": "the article", "1.4": "the article",
