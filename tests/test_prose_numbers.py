@@ -123,6 +123,10 @@ QUOTED = {
         # settings named in the glued key the number stands beside (chapters 2 and 9 glue
         # them under these names; the lead adds those chapters to this test)
         "256": "one_call_256", "0.7": "_07",  # e.g. best_speedup_07, big_07_speedup
+        # vLLM's defaults in the knob table (vllm/engine/arg_utils.py, the `vllm serve` reference)
+        "8,192": "max_num_batched_tokens", "2,048": "max_num_batched_tokens",
+        "0.92": "gpu_memory_utilization", "0.9": "gpu_memory_utilization",
+        "80": "config.json", "128": "config.json",  # Qwen2.5-72B-Instruct's layers and head size
     },
     "12_lean_engine.ipynb": {
         "1,905": "torchao",  # the bandwidth its benchmark achieved (pytorch/ao quantization README)
