@@ -93,6 +93,7 @@ QUOTED = {
         # DeepSeek-V2/V3's heads; the slider's multi-head end; nvidia-smi on an H100 (worked problem)
         "32": ("config.json", "Try this"), "128": "config.json", "4,096": "config.json",
         "81,559": "driver reports",
+        "0.9": "vLLM",  # vLLM's default gpu_memory_utilization, which chapter 4 keeps (worked problem)
     },
     "06_paging.ipynb": {
         "47.2": "the article", "0.7": "the article", "1.4": "the article",
