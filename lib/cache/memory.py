@@ -173,9 +173,10 @@ H100 = GPU("H100 SXM", 81559 * 2**20, 3.35e12, 989e12,
 
 
 def kv_budget(gpu: GPU, weight_bytes: float, utilization: float = 0.9, workspace: float = 0.0) -> float:
-    """Bytes left for the KV cache on one GPU: the share of its memory the engine may use
-    (vLLM's gpu_memory_utilization, 0.9 by default), less the weights it holds and the workspace
-    of activations and buffers. Negative when the weights alone do not fit."""
+    """Bytes left for the KV cache on one GPU: the share of its memory the engine may use (vLLM's
+    gpu_memory_utilization: 0.92 by default in recent releases, 0.9 before and here), less the
+    weights it holds and the workspace of activations and buffers. Negative when the weights alone
+    do not fit."""
     if not isinstance(gpu, GPU):
         raise TypeError(f"gpu must be a lib.cache.memory.GPU, got {type(gpu).__name__}")
     if not is_number(utilization) or not 0 < utilization <= 1:
