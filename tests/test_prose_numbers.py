@@ -114,6 +114,7 @@ QUOTED = {
     },
     "09_speculative_proof.ipynb": {
         "0.005-0.007": "the article", "0.0045-0.0058": "the article", "0.10-0.14": "the article",
+        "32-256": "MagicDec",  # the batch sizes its speed-up holds at, long context (arXiv:2408.11049)
     },
     "10_k_sweep.ipynb": {
         "1.2-1.3": "the article",  # the source article's CPU speed-up, at k = 2-3
