@@ -67,15 +67,24 @@ def _longest_first(item) -> float:
     return -1.0 if item.path.name in BROWSER_TESTS else 0.0
 
 
-@pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture scope
 def pytest_collection_modifyitems(items):
-    """Markers by where a test lives (`-m "not notebooks and not browser"` is the quick loop), and the
-    longest files first."""
+    """Markers by where a test lives: `-m "not notebooks and not browser"` is the quick loop."""
     for item in items:
         name = item.path.name
         if name.endswith(".ipynb"):
             item.add_marker(pytest.mark.notebooks)
         elif name in BROWSER_TESTS:
             item.add_marker(pytest.mark.browser)
-    times = {}
-    items.sort(key=lambda item: times.setdefault(item.path, _longest_first(item)))  # stable: a file's tests stay in order
+
+
+class LongestFirst:
+    """The longest files first: the two workers take them first and finish together."""
+
+    @pytest.hookimpl(trylast=True)  # after the markers' deselection and pytest's reordering by fixture scope
+    def pytest_collection_modifyitems(self, items):
+        times = {}
+        items.sort(key=lambda item: times.setdefault(item.path, _longest_first(item)))  # stable within a file
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(LongestFirst())

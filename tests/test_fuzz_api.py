@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 import lib
 from lib import batch, checks, config, gqa, kernels, kv_scales, lean, model, sampling, speculative, tokenizer
-from lib.cache import kivi, kv_cache, memory, quant
+from lib.cache import kivi, kv_cache, memory, models, quant
 from lib.cache.kv_cache import KVCache
 from lib.cache.paged import BlockManager, PagedKVCache, PagedSequence
 from lib.config import DRAFT, ModelConfig
@@ -618,7 +618,7 @@ def _(d):
 
 
 def kv_spec(d):
-    return d(good(st.sampled_from(memory.REAL_MODELS)))
+    return d(good(st.sampled_from(models.REAL_MODELS)))
 
 
 @spec("memory.KVSpec.positions")

@@ -1,5 +1,6 @@
-"""How much memory the KV cache takes: the formula, real model configurations, and a reader of
-Hugging Face `config.json` files; and what a decode step reads of the weights.
+"""How much memory the KV cache takes: the formula and a reader of Hugging Face `config.json` files
+(the real models the book prices are in `lib.cache.models`); and what a decode step reads of the
+weights, and what fits on one GPU.
 
 bytes = batch x sum over layers of (2 x KV heads x head dim x cached positions x bytes per element)
 
@@ -16,8 +17,7 @@ takes when it only has to read its bytes. A step reads every weight but two kind
 untied input embedding are gathered, not read whole (a tied one is read by the output head), and
 of a mixture-of-experts layer (Shazeer et al. 2017; Fedus et al. 2022) only the experts its
 tokens were routed to: k of E per token, so E x (1 - (1 - k/E)^B) of them for B tokens when
-routing is uniform and independent (what load balancing aims at). The figures of each model below
-are copied from its official config.json, whose address is kept with it.
+routing is uniform and independent (what load balancing aims at).
 """
 
 import json
@@ -314,50 +314,3 @@ def from_model_config(cfg: ModelConfig, name: str = "this book's target") -> KVS
         raise TypeError(f"cfg must be a lib.config.ModelConfig, got {type(cfg).__name__}")
     return KVSpec(name, cfg.n_layer, cfg.n_kv_head, cfg.head_dim, (None,) * cfg.n_layer, cfg.n_params(),
                   n_head=cfg.n_head)
-
-
-# The fields of each official config.json that the formula and the weights' reads need, with its address.
-REAL_MODELS = [
-    from_hf_config({"num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
-                    "head_dim": 128, "hidden_size": 4096, "vocab_size": 151936, "tie_word_embeddings": False},
-                   "Qwen3-8B", 8.2e9,
-                   "https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json"),
-    from_hf_config({"num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
-                    "hidden_size": 8192, "vocab_size": 152064, "tie_word_embeddings": False}, "Qwen2.5-72B-Instruct", 72.7e9,
-                   "https://huggingface.co/Qwen/Qwen2.5-72B-Instruct/blob/main/config.json"),
-    from_hf_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                    "hidden_size": 4096, "sliding_window": 4096, "vocab_size": 32000, "tie_word_embeddings": False},
-                   "Mistral-7B-v0.1", 7.24e9,
-                   "https://huggingface.co/mistralai/Mistral-7B-v0.1/blob/main/config.json"),
-    from_hf_config({"num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8,
-                    "head_dim": 64, "hidden_size": 2880, "sliding_window": 128,
-                    "layer_types": ["sliding_attention", "full_attention"] * 12, "vocab_size": 201088,
-                    "tie_word_embeddings": False, "num_local_experts": 32, "num_experts_per_tok": 4,
-                    "intermediate_size": 2880}, "gpt-oss-20b", 20.9e9,
-                   "https://huggingface.co/openai/gpt-oss-20b/blob/main/config.json"),
-    # text_config; sliding_window_pattern is Gemma3TextConfig's default, 5 local layers per global one.
-    # Parameters of the text model: the technical report's Table 1, 1,416M embedding (tied: the
-    # output head reads it) + 25,600M others; the 417M vision encoder aside.
-    from_hf_config({"num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 16,
-                    "head_dim": 128, "hidden_size": 5376, "sliding_window": 1024, "sliding_window_pattern": 6,
-                    "vocab_size": 262208, "tie_word_embeddings": True},
-                   "Gemma-3-27B", 27.016e9, "https://huggingface.co/google/gemma-3-27b-it/blob/main/config.json"),
-    # 671B parameters in the main model (the model card; the checkpoint adds a 14B MTP module).
-    from_hf_config({"num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
-                    "hidden_size": 7168, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
-                    "v_head_dim": 128, "vocab_size": 129280, "tie_word_embeddings": False, "n_routed_experts": 256,
-                    "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "first_k_dense_replace": 3},
-                   "DeepSeek-V3", 671e9,
-                   "https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json"),
-]
-
-# The pair chapter 5 compares: the same 32 layers of 32 query heads of 128 dimensions, with 32
-# K/V heads (multi-head) and with 8 (GQA).
-LLAMA_2_7B = from_hf_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
-                             "hidden_size": 4096, "vocab_size": 32000, "tie_word_embeddings": False},
-                            "Llama-2-7B", 6.74e9,
-                            "https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json")
-LLAMA_3_8B = from_hf_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                             "hidden_size": 4096, "vocab_size": 128256, "tie_word_embeddings": False},
-                            "Llama-3-8B", 8.03e9,
-                            "https://huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json")

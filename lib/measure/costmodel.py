@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lib.cache.memory import GPU, H100, LLAMA_3_8B, dtype_bytes, from_hf_config
+from lib.cache.memory import GPU, H100, dtype_bytes, from_hf_config
+from lib.cache.models import LLAMA_3_8B
 from lib.lean import LeanModel
 from lib.measure.counting import OpCounts, step_counts
 from lib.measure.machine import cpu_model
