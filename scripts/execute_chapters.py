@@ -38,6 +38,7 @@ def store_prose(nb) -> int:
 def main(paths):
     for path in map(Path, paths):
         nb = nbformat.read(path, as_version=4)
+        nb.metadata.pop("widgets", None)  # the run stores the state of the widgets it makes, no others
         NotebookClient(nb, timeout=600, kernel_name="python3",
                        resources={"metadata": {"path": str(path.parent)}}).execute()
         count = store_prose(nb)
