@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 import lib
 from lib import batch, checks, config, gqa, kernels, kv_scales, lean, model, sampling, speculative, tokenizer
-from lib.cache import kivi, kv_cache, memory, models, quant
+from lib.cache import kivi, kivi_parts, kv_cache, memory, models, quant
 from lib.cache.kv_cache import KVCache
 from lib.cache.paged import BlockManager, PagedKVCache, PagedSequence
 from lib.config import DRAFT, ModelConfig
@@ -497,6 +497,16 @@ def _(d):
                             "residual": d(arg(st.integers(1, 64), 0, -1, 1.5, None))}
 
 
+@spec("kivi_parts.KiviParts", contract=anything)
+def _(d):
+    return kivi_parts.KiviParts, {"cfg": d(cfgs()), "max_len": d(arg(st.integers(1, 512), 0, 513, 1.5, "3")),
+                                  "bits": d(arg(st.sampled_from(kivi.BITS), 3, 8, True, None, "2")),
+                                  "keys": d(arg(st.sampled_from(kivi_parts.KEYS), "head", None, 1)),
+                                  "zero_point": d(arg(st.booleans(), 1, None, "yes")),
+                                  "residual": d(arg(st.integers(1, 64), -1, 1.5, None)),
+                                  "window": d(arg(st.sampled_from(list(kivi_parts.WINDOWS)), "int8", None, 2))}
+
+
 @spec("kivi.KiviCache.write")
 def _(d):
     cache, T = fed_kivi(d), d(st.integers(1, 5))
@@ -942,6 +952,7 @@ EXEMPT = {
     "paged_kernel.prefetch": "a compiled intrinsic, callable only inside compiled code",
     "paged_kernel.bits_to_float": "a compiled intrinsic, callable only inside compiled code",
     "paged_kernel.exp_nonpositive": "compiled arithmetic inside the kernel, held to np.exp in tests/test_quant_attention.py",
+    "kivi_parts.KiviParts.advance": PROTOCOL + " (forward_cached's end of a step; tests/test_kivi_parts.py)",
     "paged.PagedKVCache.store": PROTOCOL + " (PagedSequence.write and BatchedModel.step)",
     "paged.PagedKVCache.load": PROTOCOL + " (PagedSequence.read)",
     "generation.Generation": RECORD,
@@ -962,6 +973,9 @@ EXEMPT = {
     **{f"scheduler.{n}": PROTOCOL + " (serve's step loop; tests/test_serving.py)" for n in (
         "Running", "Scheduler", "Scheduler.arrive", "Scheduler.batch_due", "Scheduler.blocks", "Scheduler.finish",
         "Scheduler.plan", "Scheduler.release", "Scheduler.schedule", "Scheduler.set_aside", "Scheduler.used")},
+    **{f"replay.{n}": "the serving simulation's replay of recorded completions, stateful; tests/test_replay.py" for n in (
+        "completions", "Replay", "Replay.new_pool", "Replay.feed", "LedgerPool", "LedgerPool.add", "LedgerPool.free",
+        "LedgerSequence", "LedgerSequence.truncate")},
     "corpus.held_out_spans": "reads the held-out corpus; tests/test_serving.py (make_trace)",
     **{f"train.{n}": "training (minutes of work, hand-written backward pass); tests/test_train.py" for n in (
         "ln_fwd", "ln_bwd", "gelu_fwd", "gelu_bwd", "attn_fwd", "attn_bwd", "matmul_bwd", "loss_and_grads", "lr_at",
