@@ -177,22 +177,26 @@ class ModelDrafter:
 class PromptLookup:
     """Drafting without a draft model: copy what followed the latest earlier occurrence of the
     last n tokens (prompt lookup decoding, Saxena 2023; `prompt_lookup_num_tokens` in
-    transformers). The proposal is a point mass, so q is one-hot and the rule stays exact."""
+    transformers). The proposal is a point mass, so q is one-hot and the rule stays exact. The
+    longest match is tried first, from max_ngram tokens down to min_ngram (vLLM's
+    `prompt_lookup_max` and `prompt_lookup_min`); shorter tails draft nothing."""
 
-    def __init__(self, max_ngram: int = 3):
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not is_int(max_ngram) or max_ngram < 1:
             raise ValueError(f"max_ngram must be an integer >= 1, got {max_ngram!r}")
-        self.max_ngram = max_ngram
+        if not is_int(min_ngram) or not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"min_ngram must be an integer from 1 to max_ngram={max_ngram}, got {min_ngram!r}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
     def start(self, prompt, vocab_size) -> "PromptLookup":
         """A fresh drafter for one generation (this object stays reusable)."""
-        state = PromptLookup(self.max_ngram)
+        state = PromptLookup(self.max_ngram, self.min_ngram)
         state.history, state.vocab_size, state.calls = [int(t) for t in prompt[:-1]], vocab_size, 0
         return state
 
     def propose(self, last, k, rng):
         seq = self.history + [last]
-        for n in range(min(self.max_ngram, len(seq) - 1), 0, -1):
+        for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
             tail = seq[-n:]
             for start in range(len(seq) - n - 1, -1, -1):  # latest earlier match first
                 if seq[start:start + n] == tail:

@@ -61,6 +61,16 @@ def test_prompt_lookup_proposes_what_followed_the_last_ngram():
     assert PromptLookup(2).start(np.array([1, 2]), 96).propose(7, 3, None) == ([], [])
 
 
+def test_prompt_lookup_drafts_nothing_below_its_shortest_ngram():
+    """min_ngram: tails shorter than it are not matched (vLLM's prompt_lookup_min); a bad one is refused."""
+    prompt = np.array([1, 2, 3, 4, 9, 5, 2])  # the tail (2,) occurred before; (5, 2) and (9, 5, 2) did not
+    assert PromptLookup(3).start(prompt, 96).propose(2, 2, None)[0] == [3, 4]
+    assert PromptLookup(3, min_ngram=2).start(prompt, 96).propose(2, 2, None) == ([], [])
+    for bad in (0, 4, 1.5, None):
+        with pytest.raises(ValueError, match="min_ngram"):
+            PromptLookup(3, min_ngram=bad)
+
+
 def test_identical_draft_accepts_everything():
     tokens, s = speculative_generate(TARGET_PAIR, TARGET_PAIR, np.arange(5), 40, k=4, temperature=1.0, seed=3)
     assert s.alpha == 1.0 and s.tokens_per_call == pytest.approx(5.0) and len(tokens) == 40

@@ -7,7 +7,7 @@ from lib.config import ModelConfig
 from lib.corpus import held_out_prompts
 from lib.generation import generate
 from lib.lean import LeanModel
-from lib.measure.standins import STANDINS, StandInStep, standin, standin_params, weight_bytes
+from lib.measure.standins import DRAFT_STANDINS, STANDINS, StandInStep, standin, standin_params, weight_bytes
 from lib.model import forward, load
 from lib.speculative import speculative_generate
 
@@ -42,6 +42,9 @@ def test_standins_are_named_and_sized():
     assert small.cfg == STANDINS["4x256"] and 10e6 < weight_bytes(small) < 16e6
     with pytest.raises(ValueError, match="unknown cost stand-in 'gpt2'"):
         standin("gpt2")
+    draft_shape = standin("2x256")  # a draft's cost, kept apart from the large stand-ins chapter 2 loops over
+    assert draft_shape.cfg == DRAFT_STANDINS["2x256"] and 5e6 < weight_bytes(draft_shape) < 8e6
+    assert not set(DRAFT_STANDINS) & set(STANDINS)
 
 
 def test_cost_shadow_gives_the_models_tokens_and_follows_its_cache():

@@ -34,12 +34,13 @@ def test_tokens_per_call_distribution_counts_every_round():
 
 def test_sweep_rows_hold_the_measurements_and_predictions():
     target, draft = LeanModel(*load("target")), LeanModel(*load("draft"))
-    rows = k_sweep(target, {"draft": draft}, held_out_prompts(2), 12, [1, 3], 0.0)
+    rows = k_sweep(target, {"draft": draft}, held_out_prompts(2), 12, [1, 3], 0.0, repeats=2)
     costs = call_costs(target, [2, 4], repeats=1)
     predictions(rows, 0.25, costs)
     assert set(rows) == {("draft", 1), ("draft", 3)}
     for (_, k), r in rows.items():
         assert r["identical"] is True and r["speedup"] > 0 and 0 <= r["alpha"] <= 1
+        assert len(r["ratios"]) == 2 and r["speedup"] == np.median(r["ratios"])
         assert 1 <= r["tpc"] <= k + 1 and r["theorem"] > 0 and r["with_verify"] > 0
     assert costs[1] == 1.0 and costs[0] > 0
 

@@ -93,8 +93,10 @@ def merged(stats_list) -> dict:
 def k_sweep(target, drafts: dict, prompts, n_new: int, ks, temperature: float, repeats: int = 1) -> dict:
     """Speculative decoding with each draft in `drafts` ({name: model}) and each k, against
     target-only decoding of the same prompts and seeds: {(name, k): {alpha, tpc (tokens per target
-    call), formula (eq. 1), speedup (measured, median over repeats), identical (temperature 0:
-    the target-only tokens), stats (merged SpecStats of the first repeat)}}."""
+    call), formula (eq. 1), ratios (the measured speed-up of each repeat), speedup (their median),
+    identical (temperature 0: the target-only tokens), stats (merged SpecStats of the first
+    repeat)}}. The repeats run as one interleaved sequence: baseline, every draft at k1, baseline,
+    ..., baseline, the next repeat's first k timed against the last baseline."""
     cfg = cached_step(target)[0]
 
     def timed(fn):
@@ -110,8 +112,8 @@ def k_sweep(target, drafts: dict, prompts, n_new: int, ks, temperature: float, r
                 for i, p in enumerate(prompts)]
 
     rows = {}
+    reference, before = timed(baseline)
     for repeat in range(repeats):
-        reference, before = timed(baseline)
         for k in ks:
             spec_times = {}
             for name, draft in drafts.items():
@@ -128,7 +130,7 @@ def k_sweep(target, drafts: dict, prompts, n_new: int, ks, temperature: float, r
                 rows[name, k]["ratios"].append((before + after) / 2 / spec)
             before = after
     for row in rows.values():
-        row["speedup"] = float(np.median(row.pop("ratios")))
+        row["speedup"] = float(np.median(row["ratios"]))
     return rows
 
 
