@@ -189,7 +189,7 @@ def test_speculative_batch_equals_greedy_and_accepts():
     report = serve(LEAN, trace, 40, cost=COST, draft=DRAFT, k=4, draft_cost=DRAFT_COST)
     check_report(report, trace)
     s = report.summary()
-    assert 0 < s["acceptance"] <= 1 and report.draft_pool.manager.num_free == report.draft_pool.manager.num_blocks
+    assert 0 < s["accepted/drafted"] <= 1 and report.draft_pool.manager.num_free == report.draft_pool.manager.num_blocks
 
 
 def test_speculative_batch_under_preemption_still_equals_greedy():
@@ -208,7 +208,7 @@ def test_speculative_batch_samples_at_temperature_and_cleans_up():
     m = report.pool.manager
     assert m.num_free == m.num_blocks and not any(m.ref)
     assert all(len(o.tokens) == o.request.n_new for o in report.outcomes)
-    assert 0 < report.summary()["acceptance"] < 1
+    assert 0 < report.summary()["accepted/drafted"] < 1
 
 
 def test_the_latest_arrival_is_preempted_first():

@@ -11,6 +11,11 @@ runs (the measured clock); it can also ask a clock what a step costs, given its 
   same cache lengths, on another model (a cost stand-in of realistic size, `lib.measure.standins`),
   and timed. The served model still makes every decision (its tokens), as in
   `lib.measure.standins.StandInStep`; the times are those of the larger model.
+- `GPUClock`, a GPU's step from its data sheet (the arithmetic of
+  `lib.measure.costmodel.predict_decode`, per row): the weights read once per step, each sequence's
+  K/V read at its own context, both at an achieved share of the data-sheet bandwidth, against the
+  step's FLOPs at the compute roof, plus a fixed cost per step. `gpu_clock` takes the share from one
+  published measurement (torchao's Llama-3.1-8B decode at batch 1 on an H100).
 
 Decode of B sequences costs t(B) = t1(B) + (B - 1) x per_seq: one weight read shared by all rows
 (Pope et al. 2022, "Efficiently Scaling Transformer Inference"), B times the arithmetic, and each
@@ -23,7 +28,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from lib.batch import BatchedModel
+from lib.cache.memory import GPU, H100, KVSpec, dtype_bytes
+from lib.cache.models import LLAMA_3_8B
 from lib.cache.paged import PagedKVCache
+from lib.checks import check_count, is_number
 from lib.config import is_int
 from lib.measure.counting import batched_call
 from lib.timing import median_time
@@ -129,6 +137,74 @@ class StandInClock:
         seq = self.seqs.pop(key, None)
         if seq is not None:
             self.pool.free(seq)
+
+
+TORCHAO_STEP = 1 / 126.90  # seconds per token: torchao's quantization README (pytorch/ao, Oct 2024), Llama-3.1-8B
+# "Base (bfloat16)", 126.90 tokens/s on one H100 with torch.compile, batch 1, a 200-token generation
+STEP_OVERHEAD = 0.5e-3  # seconds per step beyond bytes and FLOPs (scheduling, sampling, launches): stated, not measured
+KEEP_ASIDE = 0.1  # share of GPU memory kept out of the K/V pool (vLLM's gpu_memory_utilization default is 0.9)
+
+
+class GPUClock:
+    """A serving step on a GPU from its data sheet, for a full-attention `KVSpec` in `dtype`.
+
+    seconds = overhead + max(bytes read / (efficiency x bandwidth), 2 x parameters x tokens / flops):
+    the weights once per step (`KVSpec.weight_bytes` at the step's token count), every row's K/V at
+    its own context (cached positions + new tokens), the products' FLOPs at the compute roof
+    (attention's FLOPs, a few percent at these contexts, are left out)."""
+
+    def __init__(self, spec: KVSpec = LLAMA_3_8B, gpu: GPU = H100, efficiency: float = 1.0,
+                 overhead: float = STEP_OVERHEAD, dtype: str = "bfloat16"):
+        if not isinstance(spec, KVSpec) or any(w is not None for w in spec.windows) or spec.latent:
+            raise ValueError(f"spec must be a full-attention lib.cache.memory.KVSpec, got {spec!r:.80}")
+        if not isinstance(gpu, GPU):
+            raise TypeError(f"gpu must be a lib.cache.memory.GPU, got {type(gpu).__name__}")
+        if not (is_number(efficiency) and 0 < efficiency <= 1):
+            raise ValueError(f"efficiency must be a share of the bandwidth in (0, 1], got {efficiency!r}")
+        if not (is_number(overhead) and 0 <= overhead < math.inf):
+            raise ValueError(f"overhead must be seconds >= 0, got {overhead!r}")
+        self.spec, self.gpu, self.efficiency, self.overhead, self.dtype = spec, gpu, efficiency, overhead, dtype
+        self.per_position = spec.kv_bytes(1, 1, dtype)  # K/V bytes of one cached position, all layers
+        self.params_per_token = spec.weight_bytes(dtype, batch=1) / dtype_bytes(dtype)  # parameters a token's products use
+        self.read_rate = gpu.bandwidth * efficiency  # bytes/s achieved
+
+    def step(self, tokens: int, positions: int) -> float:
+        """A step of `tokens` new tokens whose sequences hold `positions` positions in all after it."""
+        memory = (self.spec.weight_bytes(self.dtype, batch=tokens) + positions * self.per_position) / self.read_rate
+        compute = 2 * self.params_per_token * tokens / self.gpu.flops
+        return self.overhead + max(memory, compute)
+
+    def __call__(self, rows) -> float:
+        rows = check_rows(rows)
+        return self.step(sum(n for _, n, _ in rows), sum(n + start for _, n, start in rows))
+
+    def decode(self, batch: int, context: int = 1024) -> float:
+        """A decode step of `batch` sequences, one token each, at `context` positions each."""
+        check_count(batch, "batch", 1)
+        check_count(context, "context", 1)
+        return self.step(batch, batch * context)
+
+    def blocks(self, block_size: int = 16, keep: float = KEEP_ASIDE) -> int:
+        """K/V blocks of `block_size` positions in the GPU's memory, less the share `keep` and the
+        weights as stored."""
+        check_count(block_size, "block_size", 1)
+        if not (is_number(keep) and 0 <= keep < 1):
+            raise ValueError(f"keep must be a share of memory in [0, 1), got {keep!r}")
+        free = self.gpu.memory * (1 - keep) - self.spec.weight_bytes(self.dtype)
+        return max(int(free // (block_size * self.per_position)), 0)
+
+    def free(self, key) -> None:
+        """Nothing to release: the clock keeps no state."""
+
+
+def gpu_clock(spec: KVSpec = LLAMA_3_8B, gpu: GPU = H100, measured: float = TORCHAO_STEP, context: int = 200,
+              overhead: float = STEP_OVERHEAD) -> GPUClock:
+    """A `GPUClock` whose achieved bandwidth share makes its batch-1 step at `context` take `measured`
+    seconds (default: torchao's Llama-3.1-8B on an H100, `TORCHAO_STEP`)."""
+    if not (is_number(measured) and overhead < measured < math.inf):
+        raise ValueError(f"measured must be seconds longer than the overhead ({overhead}), got {measured!r}")
+    ideal = GPUClock(spec, gpu, 1.0, 0.0).decode(1, context)  # the data sheet's step
+    return GPUClock(spec, gpu, min(ideal / (measured - overhead), 1.0), overhead)
 
 
 def _poisson(n: np.ndarray, mean: float) -> np.ndarray:

@@ -1,8 +1,11 @@
 """What a serving run reports: each request's outcome, and the latency metrics computed from them.
 
-TTFT is first token minus arrival; TPOT a request's gaps between tokens, averaged
-((finish - first) / (tokens - 1)); goodput the requests per second that met both targets
-(DistServe, Zhong et al. 2024).
+Each request keeps the time each of its tokens came out (`times`). TTFT is the first minus the
+arrival; TPOT a request's gaps between tokens, averaged ((last - first) / (tokens - 1)); ITL every
+single gap between two tokens of a request, pooled over all requests (vLLM's benchmark reports
+ITL beside TPOT; Sarathi-Serve, Agrawal et al. 2024, judges chunked prefill by its p99, "TBT"):
+one long step stalls one gap, which a request's average dilutes. Goodput is the requests per
+second that met both targets (DistServe, Zhong et al. 2024).
 """
 from dataclasses import dataclass, field
 
@@ -21,8 +24,9 @@ class Outcome:
     finish: float = float("nan")
     rejected: str = ""  # why it was never run, if it was not
     preempted: int = 0  # times its blocks were taken back
-    drafted: int = 0  # draft tokens judged by the target
+    drafted: int = 0  # draft tokens proposed (k per round; those after a rejection are never judged)
     accepted: int = 0  # of those, accepted
+    times: list = field(default_factory=list)  # when each token came out (the end of its step)
 
     @property
     def ttft(self) -> float:
@@ -32,6 +36,11 @@ class Outcome:
     def tpot(self) -> float:
         n = len(self.tokens)
         return (self.finish - self.first) / (n - 1) if n > 1 else float("nan")
+
+    @property
+    def itl(self) -> np.ndarray:
+        """(tokens - 1,) the gaps between consecutive tokens, seconds."""
+        return np.diff(self.times)
 
 
 @dataclass
@@ -52,17 +61,19 @@ class Report:
         done = [o for o in self.outcomes if not o.rejected]
         ttft = [o.ttft for o in done]
         tpot = [o.tpot for o in done if len(o.tokens) > 1]
+        itl = list(np.concatenate([o.itl for o in done])) if done else []  # every gap of every request
         decoding = [o for o in done if len(o.tokens) > 1]  # token-weighted: all their gaps over all their tokens
         tpot_mean = (sum(o.finish - o.first for o in decoding) / sum(len(o.tokens) - 1 for o in decoding) * 1e3
                      if decoding else float("nan"))
         seconds = self.timeline[:, 3] if self.steps else np.zeros(0)
         pct = lambda xs, q: float(np.percentile(xs, q)) * 1e3 if xs else float("nan")
         drafted = sum(o.drafted for o in done)
-        spec = {"acceptance": sum(o.accepted for o in done) / drafted} if drafted else {}  # of judged draft tokens
+        spec = {"accepted/drafted": sum(o.accepted for o in done) / drafted} if drafted else {}  # of drafted tokens
         return {"completed": len(done), "rejected": len(self.outcomes) - len(done),
                 "tokens/s": sum(len(o.tokens) for o in done) / self.makespan if self.makespan else 0.0,
                 "TTFT p50 ms": pct(ttft, 50), "TTFT p99 ms": pct(ttft, 99),
                 "TPOT p50 ms": pct(tpot, 50), "TPOT p99 ms": pct(tpot, 99), "TPOT mean ms": tpot_mean,
+                "ITL p50 ms": pct(itl, 50), "ITL p99 ms": pct(itl, 99),
                 "mean batch": float(self.timeline[:, 1] @ seconds / seconds.sum()) if self.steps else 0.0,
                 "preemptions": self.preemptions, "recomputed tokens": self.recomputed,
                 "peak blocks": self.peak_blocks, **spec}

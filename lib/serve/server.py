@@ -23,6 +23,7 @@ from lib.checks import check_temperature, check_tokens
 from lib.config import is_int
 from lib.sampling import draw, next_token, probs_from_logits
 from lib.serve.policy import Policy
+from lib.serve.replay import Replay
 from lib.serve.report import Outcome, Report
 from lib.serve.scheduler import Scheduler
 from lib.serve.trace import rejection_reason
@@ -34,7 +35,8 @@ def serve(model, trace, num_blocks: int, policy: Policy = Policy(), block_size: 
           k: int = 4, draft_cost=None) -> Report:
     """Run a trace of requests through one engine; returns every request's outcome and the pool.
 
-    model: a LeanModel or a (params, cfg) pair. policy: a `Policy` (a rung of `LADDER`).
+    model: a LeanModel or a (params, cfg) pair, or a `lib.serve.replay.Replay` of recorded
+    completions (the same schedule without running the model each step). policy: a `Policy` (a rung of `LADDER`).
     window: seconds static batching waits for a batch to fill. max_tokens: the answer length a
     "max" reservation assumes (None: each request's own n_new, an oracle). draft: a draft model
     for speculative decoding with up to k tokens per step. cost, draft_cost: None to time each
@@ -46,6 +48,8 @@ def serve(model, trace, num_blocks: int, policy: Policy = Policy(), block_size: 
         raise ValueError(f"window must be seconds >= 0, got {window!r}")
     if not is_int(k) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
+    if isinstance(model, Replay) and (draft is not None or cost is None):
+        raise ValueError("a Replay runs without a draft, on a clock (cost): it has no steps to time")
     if draft is not None and (cost is None) != (draft_cost is None):
         raise ValueError("cost and draft_cost go together: both clocks, or neither (the measured clock)")
     if max_tokens is not None:
@@ -62,9 +66,11 @@ class Server:
 
     def __init__(self, model, trace, num_blocks, policy, block_size, temperature, window, max_tokens, cost,
                  draft, k, draft_cost):
-        self.engine = BatchedModel(model)
+        self.engine = model if isinstance(model, Replay) else BatchedModel(model)
         cfg = self.engine.cfg
-        self.pool = PagedKVCache(cfg, num_blocks, block_size, policy.prefix_caching and policy.reserve == "paged")
+        sharing = policy.prefix_caching and policy.reserve == "paged"
+        self.pool = (model.new_pool(num_blocks, block_size, sharing) if isinstance(model, Replay)
+                     else PagedKVCache(cfg, num_blocks, block_size, sharing))
         self.temperature, self.window, self.k, self.cost, self.draft_cost = temperature, window, k, cost, draft_cost
         outcomes = {r.rid: Outcome(r) for r in trace}
         if len(outcomes) != len(trace):
@@ -199,8 +205,10 @@ class Server:
         self.peak = max(self.peak, used)
         self.timeline.append((self.now, len(batch), used, seconds))
         for live in batch:
-            if live.outcome.tokens and math.isnan(live.outcome.first):
-                live.outcome.first = self.now
+            out = live.outcome
+            out.times.extend([self.now] * (len(out.tokens) - len(out.times)))  # this step's tokens
+            if out.tokens and math.isnan(out.first):
+                out.first = self.now
         for live in finished:
             live.outcome.finish = self.now
             self.scheduler.finish(live)
