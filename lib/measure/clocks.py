@@ -142,7 +142,7 @@ class StandInClock:
 TORCHAO_STEP = 1 / 126.90  # seconds per token: torchao's quantization README (pytorch/ao, Oct 2024), Llama-3.1-8B
 # "Base (bfloat16)", 126.90 tokens/s on one H100 with torch.compile, batch 1, a 200-token generation
 STEP_OVERHEAD = 0.5e-3  # seconds per step beyond bytes and FLOPs (scheduling, sampling, launches): stated, not measured
-KEEP_ASIDE = 0.1  # share of GPU memory kept out of the K/V pool (vLLM's gpu_memory_utilization default is 0.9)
+KEEP_ASIDE = 0.1  # share of GPU memory kept out of the K/V pool (vLLM v0's gpu_memory_utilization, 0.9; 0.92 in recent releases)
 
 
 class GPUClock:

@@ -1,4 +1,6 @@
-"""The serving chapter's study: the ladder of policies over arrival rates at a fitted clock, and
+"""The serving chapter's study: the ladder of policies over arrival rates on two clocks (the CPU
+stand-in's fitted clock and the H100's data-sheet clock), 1,000 requests per rate and several
+seeds through `lib.serve.replay` (each request decoded once by the trained model), and
 speculative decoding inside the batch below saturation, with the crossover its queueing model
 predicts (`lib.measure.clocks.crossover_rate`). Every served token is checked against decoding
 the request alone, and every pool against leaked blocks.
@@ -15,6 +17,7 @@ from lib.measure.clocks import crossing, crossover_rate
 from lib.measure.counting import batched_call, cached_call
 from lib.measure.sweep import acceptance_on_text
 from lib.serve import LADDER, make_trace, serve
+from lib.serve.replay import Replay, completions
 from lib.timing import paired
 
 
@@ -47,9 +50,64 @@ SPEC_REQUESTS, SPEC_FRACTIONS = 64, (0.1, 0.15, 0.2, 0.3, 0.4, 0.6)  # below sat
 SPEC_POLICY = LADDER["+ prefix caching"]  # no token budget: one would cap a batch at budget / (k + 1)
 
 
-def load_rates(big_clock, mean_new: float, fractions) -> list:
-    """Arrival rates (requests/s) as shares of what a decode batch of 32 serves on the clock."""
-    return [round(32 / big_clock.decode(32) / mean_new * f, 2) for f in fractions]
+SERVE_N, SERVE_SEEDS = 1000, (0, 1, 2)  # requests per rate and the seeds of their traces (arrivals, prompts, lengths)
+LADDER_FRACTIONS = (0.3, 0.6, 0.9)  # the two clocks' ladders: rates as shares of what a batch of 32 serves
+
+
+def load_rates(big_clock, mean_new: float, fractions, step32: float = None) -> list:
+    """Arrival rates (requests/s) as shares of what a decode batch of 32 serves on the clock (its
+    step of 32 sequences: big_clock.decode(32), or `step32` seconds if given)."""
+    step32 = big_clock.decode(32) if step32 is None else step32
+    return [float(f"{32 / step32 / mean_new * f:.3g}") for f in fractions]
+
+
+def replays(model, trace: dict, seeds=SERVE_SEEDS) -> dict:
+    """{seed: a Replay of make_trace(**trace, seed=seed)}: each request decoded once by `model`. The
+    traces of one seed differ across rates only in their arrival times, so one Replay serves all."""
+    out = {}
+    for seed in seeds:
+        requests = make_trace(**{**trace, "seed": seed, "rate": 1.0})
+        out[seed] = Replay(model.cfg, requests, completions(model, requests))
+    return out
+
+
+def ladder_runs(replayed: dict, policies: dict, rates, trace: dict, num_blocks: int, **common) -> dict:
+    """{name: {rate: [Report per seed]}}: each policy at each rate on each seed's replay."""
+    runs = {name: {rate: [] for rate in rates} for name in policies}
+    for seed, replay in replayed.items():
+        for rate in rates:
+            requests = make_trace(**{**trace, "seed": seed, "rate": float(rate)})
+            for name, policy in policies.items():
+                runs[name][rate].append(serve(replay, requests, num_blocks, policy, **common))
+    return runs
+
+
+def across_seeds(reports, f) -> tuple:
+    """(median, lowest, highest) of f(report) over one cell's seeds."""
+    values = [f(rep) for rep in reports]
+    return float(np.median(values)), float(min(values)), float(max(values))
+
+
+def gpu_ladder(target, n: int = 300, fraction: float = 0.7, out=print) -> dict:
+    """The ladder's goodput per rung on the H100 clock (`lib.measure.clocks.gpu_clock`), one seed of
+    n requests at `fraction` of what a batch of 32 serves, replayed: {rung: goodput, requests/s}."""
+    from lib.measure.clocks import gpu_clock
+    clock = gpu_clock()
+    lean = LeanModel(*target)
+    trace = dict(LOAD_TRACE, n=n, system=load_corpus().held_out[2000:2032])
+    replay = replays(lean, trace, (0,))[0]
+    requests = make_trace(**{**trace, "rate": 1.0})
+    mean_new = float(np.mean([r.n_new for r in requests]))
+    context = int(np.mean([len(r.prompt) + r.n_new / 2 for r in requests]))
+    rate = load_rates(clock, mean_new, (fraction,), clock.decode(32, context))[0]
+    t1 = clock.decode(1, context)
+    slo = {name: steps * t1 for name, steps in SLO_STEPS.items()}
+    requests = make_trace(**{**trace, "rate": rate})
+    good = {name: serve(replay, requests, clock.blocks(), policy, cost=clock, max_tokens=trace["n_new"][1],
+                        window=4 * t1).goodput(**slo) for name, policy in LADDER.items()}
+    out(f"H100 clock (Llama-3-8B, {clock.efficiency:.2f} of the data-sheet bandwidth), {n} requests at {rate} "
+        f"requests/s: goodput " + ", ".join(f"{k} {v:.0f}" for k, v in good.items()))
+    return good
 
 
 def best_rate(runs: dict, slo: dict) -> float:
