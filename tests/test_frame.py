@@ -19,7 +19,7 @@ LONGER = {"09_speculative_proof": 2500}  # the proof, its worked example and its
 PHRASE = 40  # characters: the longest prose value, a number with its unit or a short phrase
 PENDING = {  # chapters not yet on the frame; each issue that reframes one removes it here
     "07_quantization",
-    "08_serving", "10_k_sweep"}
+    "08_serving"}
 
 OPEN = re.compile(r"^(?P<fence>`{3,}|:{3,})\{(?P<name>[a-zA-Z:_-]+)\}(?P<rest>.*)$")
 ROLE = re.compile(r"\{(?:glue(?::[a-z]+)?|eval)\}`[^`]+`")
