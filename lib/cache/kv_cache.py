@@ -173,7 +173,7 @@ class KVCache:
 
     def copy(self) -> "KVCache":
         """An independent cache with the same contents (for reusing a shared prefix)."""
-        other = KVCache.__new__(KVCache)
+        other = type(self).__new__(type(self))  # a subclass (KiviParts) stays itself
         other.__dict__.update(self.__dict__)
         other.k, other.v = [a.copy() for a in self.k], [a.copy() for a in self.v]
         other.written = list(self.written)
