@@ -51,7 +51,7 @@ SPEC_POLICY = LADDER["+ prefix caching"]  # no token budget: one would cap a bat
 
 
 SERVE_N, SERVE_SEEDS = 1000, (0, 1, 2)  # requests per rate and the seeds of their traces (arrivals, prompts, lengths)
-LADDER_FRACTIONS = (0.3, 0.6, 0.9)  # the two clocks' ladders: rates as shares of what a batch of 32 serves
+LADDER_FRACTIONS = (0.1, 0.3)  # the two clocks' ladders: rates as shares of what a batch of 32 serves
 
 
 def load_rates(big_clock, mean_new: float, fractions, step32: float = None) -> list:
