@@ -17,8 +17,7 @@ CHAPTERS = sorted(BOOK.glob("[0-9][0-9]_*.ipynb"))
 WORDS, NUMBERS = 1500, 30  # the main path's budget
 LONGER = {"09_speculative_proof": 2500}  # the proof, its worked example and its slider stay on the main path
 PHRASE = 40  # characters: the longest prose value, a number with its unit or a short phrase
-PENDING = {  # chapters not yet on the frame; each issue that reframes one removes it here
-    "08_serving"}
+PENDING = set()  # chapters not yet on the frame; each issue that reframes one removes it here
 
 OPEN = re.compile(r"^(?P<fence>`{3,}|:{3,})\{(?P<name>[a-zA-Z:_-]+)\}(?P<rest>.*)$")
 ROLE = re.compile(r"\{(?:glue(?::[a-z]+)?|eval)\}`[^`]+`")
