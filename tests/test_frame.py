@@ -17,7 +17,6 @@ CHAPTERS = sorted(BOOK.glob("[0-9][0-9]_*.ipynb"))
 WORDS, NUMBERS = 1500, 30  # the main path's budget
 LONGER = {"09_speculative_proof": 2500}  # the proof, its worked example and its slider stay on the main path
 PHRASE = 40  # characters: the longest prose value, a number with its unit or a short phrase
-PENDING = set()  # chapters not yet on the frame; each issue that reframes one removes it here
 
 OPEN = re.compile(r"^(?P<fence>`{3,}|:{3,})\{(?P<name>[a-zA-Z:_-]+)\}(?P<rest>.*)$")
 ROLE = re.compile(r"\{(?:glue(?::[a-z]+)?|eval)\}`[^`]+`")
@@ -70,14 +69,7 @@ def frame(path: Path) -> dict:
         measured=bool(re.search(r"\{dropdown\}\s*measured in this build", low)))
 
 
-ON_FRAME = [p for p in CHAPTERS if p.stem not in PENDING]
-
-
-def test_pending_names_real_chapters():
-    assert PENDING <= {p.stem for p in CHAPTERS}, PENDING - {p.stem for p in CHAPTERS}
-
-
-@pytest.mark.parametrize("path", ON_FRAME, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
 def test_main_path_keeps_its_budget_and_has_every_box(path):
     f = frame(path)
     print(f"{path.stem}: main path {f['words']} words, {f['numbers']} prose numbers")
@@ -86,7 +78,7 @@ def test_main_path_keeps_its_budget_and_has_every_box(path):
     assert not missing, f"{path.stem} lacks: {', '.join(missing)}"
 
 
-@pytest.mark.parametrize("path", ON_FRAME, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
 def test_prose_numbers_are_short_phrases_and_read_in_jupyterlab(path):
     nb = json.loads(path.read_text())
     values = {k: "".join(v.get("text/plain", "")) for k, v in glued(nb).items()}
