@@ -105,7 +105,9 @@ QUOTED = {
     "07_quantization.ipynb": {
         "0.000739": "the source article", "0.00885": "the source article",
         "1.0": "vLLM", "0.11": "vLLM",  # vLLM's default fp8 scale, and its docs' version
-        "32": "KIVI",  # its README: "2/4 bit KIVI with 32 full precision tokens"
+        "32": ("KIVI", "config.json"),  # KIVI's README: "2/4 bit KIVI with 32 full precision tokens"; Llama-3.1-8B's layers
+        "128": "config.json",  # Llama-3.1-8B's head size (config.json), in the worked problem
+        "3.35": "data sheet",  # NVIDIA's H100 SXM data sheet, in the worked problem
     },
     "08_serving.ipynb": {
         "0.01": "vLLM",  # vLLM v0's default watermark share
