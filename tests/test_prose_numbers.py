@@ -113,6 +113,11 @@ QUOTED = {
         "0.01": "vLLM",  # vLLM v0's default watermark share
         "2-4": "vLLM",  # the vLLM paper's throughput over Orca
         "1.5-2.8": "vLLM", "1.4-1.8": "vLLM",  # vLLM's blog on speculative decoding under load
+        "126.90": "torchao",  # tokens/s, pytorch/ao quantization README (Llama-3.1-8B, H100, batch 1)
+        "3.35": "data sheet",  # NVIDIA's H100 SXM data sheet
+        "1,724": "Loginet", "45": "Loginet", "100-500": "Loginet",  # its case study: tokens/s, requests, prompt tokens
+        "0.9": "vLLM", "0.08": "vLLM", "0.92": "vLLM",  # gpu_memory_utilization's defaults; 0.08 kept aside
+        "64": "sequences with", "2,048": "tokens of context each",  # the worked problem's question (WP_B, WP_CTX)
     },
     "09_speculative_proof.ipynb": {
         "0.005-0.007": "the article", "0.0045-0.0058": "the article", "0.10-0.14": "the article",

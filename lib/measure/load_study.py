@@ -52,13 +52,14 @@ SPEC_POLICY = LADDER["+ prefix caching"]  # no token budget: one would cap a bat
 
 SERVE_N, SERVE_SEEDS = 1000, (0, 1, 2)  # requests per rate and the seeds of their traces (arrivals, prompts, lengths)
 LADDER_FRACTIONS = (0.1, 0.3)  # the two clocks' ladders: rates as shares of what a batch of 32 serves
+RATE_BATCH = 32  # the decode batch whose throughput the rates are shares of
 
 
 def load_rates(big_clock, mean_new: float, fractions, step32: float = None) -> list:
     """Arrival rates (requests/s) as shares of what a decode batch of 32 serves on the clock (its
-    step of 32 sequences: big_clock.decode(32), or `step32` seconds if given)."""
-    step32 = big_clock.decode(32) if step32 is None else step32
-    return [float(f"{32 / step32 / mean_new * f:.3g}") for f in fractions]
+    step of RATE_BATCH sequences: big_clock.decode(32), or `step32` seconds if given)."""
+    step32 = big_clock.decode(RATE_BATCH) if step32 is None else step32
+    return [float(f"{RATE_BATCH / step32 / mean_new * f:.3g}") for f in fractions]
 
 
 def replays(model, trace: dict, seeds=SERVE_SEEDS) -> dict:

@@ -92,6 +92,10 @@ class Replay:
         self.cfg = cfg
         self.known = {r.rid: np.concatenate([r.prompt, np.asarray(tokens[r.rid][:r.n_new], np.int64)])
                       for r in trace}  # (prompt + n_new,) per request
+        V = cfg.vocab_size
+        self.after = {rid: np.append(k[1:], V) for rid, k in self.known.items()}  # (len,) next token; V past the end
+        self.rows = np.full((V + 1, V), NO)  # (V + 1, V): row x puts all the mass on x; row V on nothing
+        self.rows[np.arange(V), np.arange(V)] = 0.0
 
     def new_pool(self, num_blocks: int, block_size: int, prefix_caching: bool) -> LedgerPool:
         return LedgerPool(self.cfg, num_blocks, block_size, prefix_caching)
@@ -101,14 +105,10 @@ class Replay:
         for seq, new in zip(seqs, new_tokens):
             manager, start, known = seq.pool.manager, seq.n, self.known[seq.seq_id]
             end = start + len(new)
-            if not np.array_equal(known[start:end], new):
+            if known[start:end].tolist() != [int(x) for x in new]:
                 raise ValueError(f"sequence {seq.seq_id}: fed tokens differ from the record at position {start}")
             reservation = manager.reserve(seq.seq_id, new)
             manager.copies.clear()
             manager.commit(seq.seq_id, reservation, end)
-            rows = np.full((len(new), self.cfg.vocab_size), NO)  # (T, V)
-            nxt = np.arange(start + 1, end + 1)  # (T,) the position each row predicts
-            ok = nxt < len(known)
-            rows[ok, known[nxt[ok]]] = 0.0
-            out.append(rows)
+            out.append(self.rows[self.after[seq.seq_id][start:end]])  # (T, V): row i predicts position start + i + 1
         return out
