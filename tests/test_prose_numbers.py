@@ -118,6 +118,11 @@ QUOTED = {
         "1,724": "Loginet", "45": "Loginet", "100-500": "Loginet",  # its case study: tokens/s, requests, prompt tokens
         "0.9": "vLLM", "0.08": "vLLM", "0.92": "vLLM",  # gpu_memory_utilization's defaults; 0.08 kept aside
         "64": "sequences with", "2,048": "tokens of context each",  # the worked problem's question (WP_B, WP_CTX)
+        "15.5": "Loginet",  # its 45 concurrent requests' tokens/s over one request's
+        "989": "data sheet",  # NVIDIA's H100 SXM data sheet, dense BF16
+        "0.6": "assumed",  # a prefill share of the FLOP peak, stated as an assumption
+        "90": "DistServe",  # the attainment share in DistServe's goodput
+        "8,192": "vLLM",  # max_num_batched_tokens for the server on an H100-class GPU (engine arguments)
     },
     "09_speculative_proof.ipynb": {
         "0.005-0.007": "the article", "0.0045-0.0058": "the article", "0.10-0.14": "the article",

@@ -74,7 +74,11 @@ def test_gpu_clock():
     assert clock([(0, 2000, 0)]) > 2 * clock.decode(1, 200)  # a long prompt reaches the compute roof
     free = H100.memory * 0.9 - LLAMA_3_8B.weight_bytes()
     assert clock.blocks() == int(free // (16 * LLAMA_3_8B.kv_bytes(1)))
-    for bad in (dict(efficiency=0), dict(efficiency=1.5), dict(overhead=-1.0), dict(spec="llama")):
+    slow = GPUClock(LLAMA_3_8B, H100, clock.efficiency, clock.overhead, compute_efficiency=0.5)
+    assert slow([(0, 2000, 0)]) > 1.9 * (clock([(0, 2000, 0)]) - clock.overhead)  # compute-bound: twice the FLOP time
+    assert slow.decode(4, 200) == clock.decode(4, 200)  # memory-bound steps unchanged
+    for bad in (dict(efficiency=0), dict(efficiency=1.5), dict(overhead=-1.0), dict(spec="llama"),
+                dict(compute_efficiency=0), dict(compute_efficiency=2.0)):
         with pytest.raises((ValueError, TypeError)):
             GPUClock(**bad)
     with pytest.raises(ValueError, match="rows"):

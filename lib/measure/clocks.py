@@ -148,30 +148,36 @@ KEEP_ASIDE = 0.1  # share of GPU memory kept out of the K/V pool (vLLM v0's gpu_
 class GPUClock:
     """A serving step on a GPU from its data sheet, for a full-attention `KVSpec` in `dtype`.
 
-    seconds = overhead + max(bytes read / (efficiency x bandwidth), 2 x parameters x tokens / flops):
+    seconds = overhead + max(bytes read / (efficiency x bandwidth),
+                             2 x parameters x tokens / (compute_efficiency x flops)):
     the weights once per step (`KVSpec.weight_bytes` at the step's token count), every row's K/V at
-    its own context (cached positions + new tokens), the products' FLOPs at the compute roof
-    (attention's FLOPs, a few percent at these contexts, are left out)."""
+    its own context (cached positions + new tokens), the products' FLOPs at a share
+    `compute_efficiency` of the compute roof (1.0: the data sheet's peak; attention's FLOPs, a few
+    percent at these contexts, are left out)."""
 
     def __init__(self, spec: KVSpec = LLAMA_3_8B, gpu: GPU = H100, efficiency: float = 1.0,
-                 overhead: float = STEP_OVERHEAD, dtype: str = "bfloat16"):
+                 overhead: float = STEP_OVERHEAD, dtype: str = "bfloat16", compute_efficiency: float = 1.0):
         if not isinstance(spec, KVSpec) or any(w is not None for w in spec.windows) or spec.latent:
             raise ValueError(f"spec must be a full-attention lib.cache.memory.KVSpec, got {spec!r:.80}")
         if not isinstance(gpu, GPU):
             raise TypeError(f"gpu must be a lib.cache.memory.GPU, got {type(gpu).__name__}")
         if not (is_number(efficiency) and 0 < efficiency <= 1):
             raise ValueError(f"efficiency must be a share of the bandwidth in (0, 1], got {efficiency!r}")
+        if not (is_number(compute_efficiency) and 0 < compute_efficiency <= 1):
+            raise ValueError(f"compute_efficiency must be a share of the FLOP/s in (0, 1], got {compute_efficiency!r}")
         if not (is_number(overhead) and 0 <= overhead < math.inf):
             raise ValueError(f"overhead must be seconds >= 0, got {overhead!r}")
         self.spec, self.gpu, self.efficiency, self.overhead, self.dtype = spec, gpu, efficiency, overhead, dtype
         self.per_position = spec.kv_bytes(1, 1, dtype)  # K/V bytes of one cached position, all layers
         self.params_per_token = spec.weight_bytes(dtype, batch=1) / dtype_bytes(dtype)  # parameters a token's products use
         self.read_rate = gpu.bandwidth * efficiency  # bytes/s achieved
+        self.compute_efficiency = compute_efficiency
+        self.flop_rate = gpu.flops * compute_efficiency  # FLOP/s achieved by the products
 
     def step(self, tokens: int, positions: int) -> float:
         """A step of `tokens` new tokens whose sequences hold `positions` positions in all after it."""
         memory = (self.spec.weight_bytes(self.dtype, batch=tokens) + positions * self.per_position) / self.read_rate
-        compute = 2 * self.params_per_token * tokens / self.gpu.flops
+        compute = 2 * self.params_per_token * tokens / self.flop_rate
         return self.overhead + max(memory, compute)
 
     def __call__(self, rows) -> float:

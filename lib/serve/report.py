@@ -5,7 +5,9 @@ arrival; TPOT a request's gaps between tokens, averaged ((last - first) / (token
 single gap between two tokens of a request, pooled over all requests (vLLM's benchmark reports
 ITL beside TPOT; Sarathi-Serve, Agrawal et al. 2024, judges chunked prefill by its p99, "TBT"):
 one long step stalls one gap, which a request's average dilutes. Goodput is the requests per
-second that met both targets (DistServe, Zhong et al. 2024).
+second that met both targets, as vLLM's `bench serve` reports it (`request_goodput`, with
+`--goodput`); DistServe (Zhong et al. 2024) calls goodput the highest rate at which a set share of
+the requests (`attainment`) meets them, `lib.measure.load_study.slo_capacity`.
 """
 from dataclasses import dataclass, field
 
@@ -83,7 +85,8 @@ class Report:
                    and (len(o.tokens) < 2 or o.tpot <= tpot))
 
     def goodput(self, ttft: float, tpot: float) -> float:
-        """Requests per second that met both targets (seconds): TTFT <= ttft and TPOT <= tpot."""
+        """Requests per second that met both targets (seconds): TTFT <= ttft and TPOT <= tpot (vLLM
+        `bench serve`'s request goodput)."""
         return self._met(ttft, tpot) / self.makespan if self.makespan else 0.0
 
     def attainment(self, ttft: float, tpot: float) -> float:
