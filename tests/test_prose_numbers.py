@@ -242,3 +242,14 @@ TIMED = ["01_model.ipynb", "02_prefill_decode.ipynb", "03_kv_cache.ipynb", "04_m
 def test_each_stored_chapter_ran_in_under_two_minutes(notebook):
     """The introduction's promise, checked on the run that produced the stored outputs."""
     assert recorded_seconds(BOOK / notebook) < 120
+
+
+@pytest.mark.parametrize("notebook", TIMED + ["regimes.ipynb"])
+def test_no_name_is_glued_twice(notebook):
+    """A name glued by two cells is a warning that fails the book's build (-W), and the prose shows
+    whichever ran last: each name is glued once in the stored run."""
+    cells = json.loads((BOOK / notebook).read_text())["cells"]
+    names = [out.get("metadata", {}).get("scrapbook", {}).get("name") for cell in cells
+             for out in cell.get("outputs", [])]
+    twice = sorted({n for n in names if n and names.count(n) > 1})
+    assert not twice, f"{notebook}: glued more than once: {twice}"
