@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lib.batch import BatchedModel
-from lib.cache.memory import GPU, H100, KVSpec, dtype_bytes
+from lib.cache.memory import GPU, H100, KVSpec, dtype_bytes, kv_budget
 from lib.cache.models import LLAMA_3_8B
 from lib.cache.paged import PagedKVCache
 from lib.checks import check_count, is_number
@@ -196,7 +196,7 @@ class GPUClock:
         check_count(block_size, "block_size", 1)
         if not (is_number(keep) and 0 <= keep < 1):
             raise ValueError(f"keep must be a share of memory in [0, 1), got {keep!r}")
-        free = self.gpu.memory * (1 - keep) - self.spec.weight_bytes(self.dtype)
+        free = kv_budget(self.gpu, self.spec.weight_bytes(self.dtype), utilization=1 - keep)
         return max(int(free // (block_size * self.per_position)), 0)
 
     def free(self, key) -> None:
