@@ -146,7 +146,7 @@ def layout_entries() -> set:
 
 def test_the_readme_layout_lists_the_tree():
     tree = {str(p.relative_to(LIB)) for p in LIB.rglob("*.py") if p.name != "__init__.py"}
-    tree |= {str(p.relative_to(LIB)) + "/" for p in LIB.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    tree |= {str(p.relative_to(LIB)) + "/" for p in LIB.rglob("*") if p.is_dir() and "__pycache__" not in p.parts}
     listed = layout_entries()
     assert not tree - listed, f"in lib/ but not in the README's Layout: {sorted(tree - listed)}"
     assert not listed - tree, f"in the README's Layout but not in lib/: {sorted(listed - tree)}"
