@@ -103,13 +103,14 @@ def _read_rates(sizes) -> tuple:
 
 def _product_rates(call: float) -> dict:
     """FLOP/s of (rows, K) @ (K, N) with each product of `lib.kernels`, on weights of each size of
-    RATE_LEVELS (K = 256; several matrices in turn for the large sizes, as a step reads its layers)."""
+    RATE_LEVELS in the engine's layout (`_probe_weights`: the read probe's matrices, read in turn, as
+    a step reads its layers). A probe of another shape reads another way: (256, N) matrices read 10
+    GB/s for one row over 256 MiB on a machine whose stand-in step streamed 16."""
     rng = np.random.default_rng(0)
     rates = {}
     for level in RATE_LEVELS:
-        count = max(1, level // (8 * 2**20))  # matrices of at most 8 MiB each, read in turn
-        K, N = 256, level // count // (4 * 256)
-        ws = [np.asfortranarray(rng.standard_normal((K, N), np.float32)) for _ in range(count)]
+        ws = _probe_weights(level)  # (K, N) each
+        count, (K, N) = len(ws), ws[0].shape
         for rows in RATE_ROWS if level == RATE_LEVELS[0] else RATE_ROWS[:RATE_ROWS.index(LARGE_ROWS)]:
             a = rng.standard_normal((rows, K), np.float32)
             names = candidates(rows) if rows <= MAX_ROWS else {"numpy": np.matmul}

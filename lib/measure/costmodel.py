@@ -34,8 +34,12 @@ from lib.measure.counting import OpCounts, step_counts
 from lib.measure.machine import cpu_model
 from lib.model import forward_cached
 
-PROBE_SIZES = (256 * 2**10, 2**20, 3 * 2**19, 2 * 2**20, 3 * 2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20,
-               256 * 2**20, 2**30)  # working sets probed; dense around the common L2 sizes, where the rate falls.
+MIB = 2**20
+PROBE_SIZES = (MIB // 4, MIB, 3 * MIB // 2, 2 * MIB, 3 * MIB, 4 * MIB, 8 * MIB, 16 * MIB, 24 * MIB, 32 * MIB, 48 * MIB,
+               64 * MIB, 96 * MIB, 128 * MIB, 192 * MIB, 256 * MIB, 384 * MIB, 512 * MIB, 1024 * MIB)
+# working sets probed: dense around the common L2 sizes, and every half-octave over the L3 sizes machines of this
+# kind report (32 to 480 MiB), where the rate falls to memory's: interpolating over a cliff between far probes
+# priced a 45 MB stand-in at twice the rate it streamed on a 32 MiB L3.
 # None below 256 KiB: there one-row products' bytes take less time than their calls, and the difference of
 # two call times resolves no rate (a 32 KiB probe once gave 3e16 B/s); smaller working sets take 256 KiB's rate.
 RATE_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 64, 512)
@@ -54,6 +58,12 @@ ELEMENTWISE = {  # ufunc (and method) -> a call that computes 65,536 float32 ele
 }
 ALIASES = {"true_divide": "divide", "less": "greater", "greater_equal": "greater", "less_equal": "greater",
            "minimum": "maximum", "negative": "multiply", "absolute": "multiply"}
+
+
+def envelope(rates) -> np.ndarray:
+    """Rates by growing working set, each raised to the fastest of the larger ones: a larger working set
+    is never read faster, so a probe below a larger one's rate was slowed by something else (a busy core)."""
+    return np.maximum.accumulate(np.asarray(rates, float)[::-1])[::-1]
 
 
 @dataclass(frozen=True)
@@ -86,7 +96,7 @@ class Machine:
     def bandwidth(self, working_set: float) -> float:
         """Read bandwidth for a working set of this many bytes, interpolated in log size between the probes."""
         sizes, rates = zip(*self.ladder)
-        return float(np.interp(np.log(max(working_set, 1.0)), np.log(sizes), rates))
+        return float(np.interp(np.log(max(working_set, 1.0)), np.log(sizes), envelope(rates)))
 
     def rate(self, rows: int, product: str = "numpy", working_set: float = 0.0) -> float:
         """FLOP/s of a weight product over `rows` rows whose weights stream from a working set of this
@@ -100,7 +110,7 @@ class Machine:
                               if p == product and (size == level or (r >= LARGE_ROWS and size == RATE_LEVELS[0])))
             rs, vs = zip(*measured)
             by_level.append(np.interp(np.log(rows), np.log(rs), vs))
-        return float(np.interp(np.log(max(working_set, 1.0)), np.log(RATE_LEVELS), by_level))
+        return float(np.interp(np.log(max(working_set, 1.0)), np.log(RATE_LEVELS), envelope(by_level)))
 
     def element(self, name: str) -> float:
         """Seconds per element of a ufunc (a reduction as "add.reduce"); unknown ones cost as a multiply."""
