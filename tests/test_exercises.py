@@ -266,7 +266,7 @@ def accept_all(p, q, x, rng):
 
 def test_accept_check():
     pair = lib.load("target"), lib.load("draft")
-    assert accept_rule.check(accept_rule.accept_or_resample, *pair) == CORRECT
+    assert accept_rule.check(accept_rule.accept_draft, *pair) == CORRECT
     rejects(accept_rule.check(accept_upside_down, *pair), "accepted", "sum min(p, q)", "upside down")
     rejects(accept_rule.check(resample_from_p, *pair), "after a rejection", "noise floor", "follow p", "residual")
     rejects(accept_rule.check(accept_all, *pair), "100.0% of drafts", "every draft accepted")
@@ -331,7 +331,7 @@ CHAPTERS = {  # chapter: (its check module, the solutions its dropdown shows)
     "06_paging": (block_table, (block_table.slots, block_table.free_blocks)),
     "07_quantization": (int8_keys, (int8_keys.quantize_k, int8_keys.dequantize_k)),
     "08_serving": (step_plan, (step_plan.plan_step,)),
-    "09_speculative_proof": (accept_rule, (accept_rule.accept_or_resample,)),
+    "09_speculative_proof": (accept_rule, (accept_rule.accept_draft,)),
     "10_k_sweep": (choose_k, (choose_k.best_k,)),
 }
 

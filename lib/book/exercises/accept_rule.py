@@ -1,6 +1,6 @@
 """Chapter 9's exercise: the accept-or-resample rule of speculative sampling.
 
-The reader writes `accept_or_resample`: keep a drafted token x ~ q with probability
+The reader writes `accept_draft`: keep a drafted token x ~ q with probability
 min(1, p(x)/q(x)), else draw a token from the residual norm(max(0, p - q)) (Leviathan et al. 2023).
 The check draws from it as chapter 9's second check draws from the engine's rule: for the target's
 and the draft's distributions after three prefixes, tokens drafted from q and judged, seeded. It
@@ -20,7 +20,7 @@ PREFIXES = ("import ", "    return self.", "        if not ")  # chapter 9's
 DRAWS = 40_000  # per prefix
 
 
-def accept_or_resample(p, q, x, rng):
+def accept_draft(p, q, x, rng):
     """(True, x) with probability min(1, p[x] / q[x]), else (False, a token drawn from the residual)."""
     if rng.random() < min(1.0, p[x] / q[x]):
         return True, x
@@ -41,7 +41,7 @@ def _draws(fn, p, q, case, n, seed):
     for i, x in enumerate(drafted):
         got = call(fn, p, q, int(x), rng, case=case)
         if not (isinstance(got, tuple) and len(got) == 2):
-            raise Wrong(f"{case}: accept_or_resample must return (accepted, token), got {got!r:.60}")
+            raise Wrong(f"{case}: accept_draft must return (accepted, token), got {got!r:.60}")
         accepted[i], tokens[i] = bool(got[0]), int(got[1])
         if accepted[i] and tokens[i] != x:
             raise Wrong(f"{case}: an accepted draft is emitted as itself: drafted {x}, got (True, {tokens[i]})")
@@ -89,11 +89,11 @@ def _check_prefix(fn, prefix, p, q, n, seed):
 
 @verdict
 def check(fn, target, draft, prefixes=PREFIXES, n: int = DRAWS):
-    """Verdict on the reader's accept_or_resample: draws after each prefix against p, seeded."""
+    """Verdict on the reader's accept_draft: draws after each prefix against p, seeded."""
     for seed, prefix in enumerate(prefixes):
         _check_prefix(fn, prefix, *next_distributions(target, draft, prefix), n, seed)
 
 
 def attempt(fn, target, draft) -> None:
     """Chapter 9's check cell."""
-    run(check, (fn,), (accept_or_resample,), target, draft)
+    run(check, (fn,), (accept_draft,), target, draft)
