@@ -2,8 +2,9 @@
 its boxes, its prose numbers are short phrases, and it reads in JupyterLab as in the book.
 
 The main path is the markdown outside collapsed blocks (MyST dropdowns, toggles, admonitions with
-`:class: dropdown`). Words are counted as a reader sees them, a prose number as one word; a prose
-number is an {eval} role (or, in chapters not yet on the frame, a {glue} role)."""
+`:class: dropdown`) and outside the exercise box, which has its own budget. Words are counted as a
+reader sees them, a prose number as one word; a prose number is an {eval} role (or, in chapters not
+yet on the frame, a {glue} role)."""
 import json
 import re
 from pathlib import Path
@@ -17,13 +18,20 @@ CHAPTERS = sorted(BOOK.glob("[0-9][0-9]_*.ipynb"))
 WORDS, NUMBERS = 1500, 30  # the main path's budget
 LONGER = {"09_speculative_proof": 2500}  # the proof, its worked example and its slider stay on the main path
 PHRASE = 40  # characters: the longest prose value, a number with its unit or a short phrase
+CORE = ("03_kv_cache", "05_gqa", "06_paging", "07_quantization", "08_serving", "09_speculative_proof", "10_k_sweep")
+EXERCISE_WORDS = 120  # the exercise box's own budget (its code cells and solution aside)
 
 OPEN = re.compile(r"^(?P<fence>`{3,}|:{3,})\{(?P<name>[a-zA-Z:_-]+)\}(?P<rest>.*)$")
 ROLE = re.compile(r"\{(?:glue(?::[a-z]+)?|eval)\}`[^`]+`")
 
 
-def main_path(md: str) -> str:
-    """The markdown outside collapsed directives (their titles too), nested fences tracked."""
+def exercise_box(opening) -> bool:
+    return opening["name"] == "admonition" and opening["rest"].strip().startswith("Exercise")
+
+
+def main_path(md: str, apart=lambda opening: False) -> str:
+    """The markdown outside collapsed directives (their titles too), nested fences tracked, and
+    outside directives set apart (the exercise box)."""
     lines, out, stack = md.split("\n"), [], []  # stack of (fence, collapsed)
     i = 0
     while i < len(lines):
@@ -33,7 +41,7 @@ def main_path(md: str) -> str:
             while j < len(lines) and lines[j].strip().startswith(":") and not OPEN.match(lines[j].strip()):
                 options.append(lines[j].strip())
                 j += 1
-            collapsed = m["name"] in ("dropdown", "toggle") or any(
+            collapsed = m["name"] in ("dropdown", "toggle") or apart(m) or any(
                 o.startswith(":class:") and "dropdown" in o for o in options)
             stack.append((m["fence"], collapsed or (bool(stack) and stack[-1][1])))
             if not stack[-1][1]:
@@ -59,10 +67,13 @@ def markdown(nb: dict) -> list:
 def frame(path: Path) -> dict:
     nb = json.loads(path.read_text())
     cells = markdown(nb)
-    full, main = "\n".join(cells), "\n".join(main_path(c) for c in cells)
+    full, main = "\n".join(cells), "\n".join(main_path(c, exercise_box) for c in cells)
+    boxes = [c for c in cells if c.startswith(":::{admonition} Exercise")]
     low = full.lower()
     return dict(
-        words=words(main), numbers=len(ROLE.findall(main)),
+        words=words(main), numbers=len(ROLE.findall(main)), exercises=len(boxes),
+        exercise_words=max((words(b) for b in boxes), default=0),
+        solution=bool(re.search(r"^:::\{dropdown\} Solution", full, re.M)),
         opening="questions" in main_path(cells[0]).lower() if cells else False,
         stack="in your stack" in low, problem=bool(re.search(r"worked problem", low)),
         remember="three things to remember" in low, next=bool(re.search(r"^#+\s*next\b", low, re.M)),
@@ -76,6 +87,9 @@ def test_main_path_keeps_its_budget_and_has_every_box(path):
     assert f["words"] <= LONGER.get(path.stem, WORDS) and f["numbers"] <= NUMBERS, f
     missing = [box for box in ("opening", "stack", "problem", "remember", "next", "measured") if not f[box]]
     assert not missing, f"{path.stem} lacks: {', '.join(missing)}"
+    if path.stem in CORE:  # one coding exercise: its box (its own budget) and its solution, collapsed
+        assert f["exercises"] == 1 and f["solution"], f"{path.stem} lacks its exercise box or its solution dropdown"
+        assert f["exercise_words"] <= EXERCISE_WORDS, f
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
