@@ -21,7 +21,7 @@ DRAWS = 40_000  # per prefix
 
 
 def accept_draft(p, q, x, rng):
-    """(True, x) with probability min(1, p[x] / q[x]), else (False, a token drawn from the residual)."""
+    """(True, x) with probability min(1, p[x] / q[x]), else (False, a token from the residual)."""
     if rng.random() < min(1.0, p[x] / q[x]):
         return True, x
     residual = np.maximum(p - q, 0.0)  # (V,)

@@ -19,8 +19,8 @@ F16_STEP = 2.0 ** -10  # relative spacing of float16 numbers: the engine stores 
 
 
 def quantize_k(k):
-    """int8 codes (Hkv, T, D) and scales (Hkv, T, 1) of k (Hkv, T, D), one scale per head and position."""
-    scale = np.abs(k).max(axis=-1, keepdims=True) / 127  # (Hkv, T, 1): the largest |k| maps to code 127
+    """int8 codes (Hkv, T, D) of k (Hkv, T, D) and their scales (Hkv, T, 1), one per head and position."""
+    scale = np.abs(k).max(axis=-1, keepdims=True) / 127  # (Hkv, T, 1): the largest |k| gets code 127
     codes = np.rint(k / scale).astype(np.int8)  # (Hkv, T, D)
     return codes, scale
 

@@ -15,7 +15,7 @@ POLICY = LADDER["+ token budget (v1)"]  # continuous batching, paged blocks, pre
 
 
 def plan_step(running, budget):
-    """[(rid, tokens)] of one step from running [(rid, pending)] (pending 0: decoding) and a budget."""
+    """[(rid, tokens)] of one step, from running [(rid, pending)] (0: decoding) and the budget."""
     plan = []
     for rid, pending in running:  # decode rows first: one token each
         if not pending and budget >= 1:
