@@ -113,3 +113,24 @@ def test_regimes_page_keeps_the_budget():
     f = frame(BOOK / "regimes.ipynb")
     print(f"regimes: main path {f['words']} words, {f['numbers']} prose numbers")
     assert f["words"] <= WORDS and f["numbers"] <= NUMBERS, f
+
+
+CARD = re.compile(r"^.*, one BLAS thread: a numpy call .* products peak at .*$", re.M)  # lib.measure.costmodel.Machine.card
+
+
+def stored_cards(path: Path) -> set:
+    """The machine cards a stored chapter printed (each chapter prints the card it read)."""
+    texts = ["".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
+             for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
+    return {m.group(0).strip() for text in texts for m in CARD.finditer(text)}
+
+
+def test_every_stored_chapter_printed_one_card():
+    """One card per build: the stored outputs of every chapter come from one measurement of one machine,
+    so "this machine" is the same machine on every page (book/CONVENTIONS.md, "This machine")."""
+    cards = {path.name: stored_cards(path) for path in [BOOK / "regimes.ipynb", *CHAPTERS]}
+    printed = {name: c for name, c in cards.items() if c}
+    assert len(printed) >= 8, f"only {sorted(printed)} print the machine card"
+    distinct = set().union(*printed.values())
+    assert len(distinct) == 1, "chapters stored with different cards (re-execute them all with one card):\n" + "\n".join(
+        f"{name}: {sorted(c)}" for name, c in printed.items())
