@@ -1,1 +1,2 @@
-"""What only the chapters use: sliders over plots (`widgets`) and numbers in prose (`prose`)."""
+"""What only the chapters use: sliders over plots (`widgets`), numbers in prose (`prose`) and the
+coding exercises' solutions and checks (`exercises`)."""

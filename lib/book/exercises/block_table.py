@@ -49,7 +49,7 @@ def forked_pool(params, cfg, tokens, block_size: int = 4):
 def _slot_hint(pool, seq, pos, block, offset) -> str:
     """Why the slot (block, offset) is wrong for position pos: a known slip, or what it holds."""
     bs, table = pool.manager.block_size, seq.block_table
-    if block == pos // bs:
+    if (block, offset) == (pos // bs, pos % bs):
         return f"block {pos // bs} is the logical block: look it up in the table"
     if (block, offset) == (table[pos % bs] if pos % bs < len(table) else None, pos // bs):
         return "the block index and the offset are swapped"
