@@ -5,7 +5,8 @@
 Each notebook runs in a fresh kernel started in book/ (as the book build and nbval start it), one
 BLAS thread as every chapter sets. After the run, every markdown cell that shows a number as
 {eval}`name` gets the value in its `user_expressions` metadata, as jupyterlab-myst stores it after
-evaluating the cell, so `jupyter lab book/` shows numbers before anything is run.
+evaluating the cell, so `jupyter lab book/` shows numbers before anything is run; and every cell
+the book folds is folded in JupyterLab too.
 """
 import sys
 from pathlib import Path
@@ -35,6 +36,27 @@ def store_prose(nb) -> int:
     return written
 
 
+HIDDEN_SOURCE = {"hide-input", "hide-cell", "remove-input", "remove-cell"}  # the book folds or drops the code
+HIDDEN_OUTPUT = {"hide-output", "hide-cell", "remove-output", "remove-cell"}  # ... or its outputs
+
+
+def fold_as_the_book_does(nb) -> None:
+    """Fold in JupyterLab what the book folds: JupyterLab ignores the book's tags and reads
+    `metadata.jupyter.source_hidden` / `outputs_hidden`, so a reader running the notebooks walks the
+    same main path as a reader of the book."""
+    for cell in nb.cells:
+        tags = set(cell.metadata.get("tags", ()))
+        folded = {}
+        if tags & HIDDEN_SOURCE:
+            folded["source_hidden"] = True
+        if cell.cell_type == "code" and tags & HIDDEN_OUTPUT:
+            folded["outputs_hidden"] = True
+        if folded:
+            cell.metadata["jupyter"] = folded
+        else:
+            cell.metadata.pop("jupyter", None)
+
+
 def main(paths):
     for path in map(Path, paths):
         nb = nbformat.read(path, as_version=4)
@@ -42,6 +64,7 @@ def main(paths):
         NotebookClient(nb, timeout=600, kernel_name="python3",
                        resources={"metadata": {"path": str(path.parent)}}).execute()
         count = store_prose(nb)
+        fold_as_the_book_does(nb)
         nbformat.write(nb, path)
         print(f"{path}: run and stored, {count} prose numbers")
 

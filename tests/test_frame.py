@@ -134,3 +134,26 @@ def test_every_stored_chapter_printed_one_card():
     distinct = set().union(*printed.values())
     assert len(distinct) == 1, "chapters stored with different cards (re-execute them all with one card):\n" + "\n".join(
         f"{name}: {sorted(c)}" for name, c in printed.items())
+
+
+FOLDS_SOURCE = {"hide-input", "hide-cell", "remove-input", "remove-cell"}  # the book folds or drops the code
+FOLDS_OUTPUT = {"hide-output", "hide-cell", "remove-output", "remove-cell"}  # ... or its outputs
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_harness_is_out_of_sight_in_the_book_and_in_jupyterlab(path):
+    """The machine line is folded (the regimes page shows it); prose(...) calls stay in folded cells; every
+    cell the book folds is folded in JupyterLab too (its metadata.jupyter, written by
+    scripts/execute_chapters.py), so a reader running the notebooks walks the same main path."""
+    for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        source, tags = "".join(cell["source"]), set(cell["metadata"].get("tags", ()))
+        lab = cell["metadata"].get("jupyter", {})
+        where = f"{path.name}, code cell {i}"
+        if "setup()" in source:
+            assert tags & FOLDS_OUTPUT, f"{where}: the machine line is shown (tag the cell hide-output)"
+        if re.search(r"^\s*prose\(", source, re.M):
+            assert tags & FOLDS_SOURCE, f"{where}: a prose(...) call in a visible cell (hide its input)"
+        assert lab.get("source_hidden", False) == bool(tags & FOLDS_SOURCE), f"{where}: folded in the book, not in JupyterLab"
+        assert lab.get("outputs_hidden", False) == bool(tags & FOLDS_OUTPUT), f"{where}: outputs folded in one, not the other"
