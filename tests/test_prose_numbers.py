@@ -131,6 +131,8 @@ QUOTED = {
     "10_k_sweep.ipynb": {
         "1.2-1.3": "the article",  # the source article's CPU speed-up, at k = 2-3
         "2-3": ("the article", "Leviathan"),  # the article's best k; the paper's speed-up (abstract)
+        # vLLM's dynamic speculative decoding page: its EAGLE example's concurrency ranges for k
+        "65": "dynamic speculative", "129": "dynamic speculative",
     },
     "11_choosing.ipynb": {
         "5": "Ainslie",  # their uptraining share, 5% of the pre-training steps
@@ -147,6 +149,7 @@ QUOTED = {
     },
     "summary.md": {
         "256": "one_call_256", "0.7": "_07",  # as in chapter 11
+        "129": "dynamic speculative decoding",  # vLLM's documented example, as in chapter 10
     },
 }
 
