@@ -108,6 +108,7 @@ QUOTED = {
         "32": ("KIVI", "config.json"),  # KIVI's README: "2/4 bit KIVI with 32 full precision tokens"; Llama-3.1-8B's layers
         "128": "config.json",  # Llama-3.1-8B's head size (config.json), in the worked problem
         "3.35": "data sheet",  # NVIDIA's H100 SXM data sheet, in the worked problem
+        "127": ("over 127", "/ 127"),  # int8's largest symmetric code, in the exercise and its solution
     },
     "08_serving.ipynb": {
         "0.01": "vLLM",  # vLLM v0's default watermark share
@@ -127,12 +128,14 @@ QUOTED = {
     "09_speculative_proof.ipynb": {
         "0.005-0.007": "the article", "0.0045-0.0058": "the article", "0.10-0.14": "the article",
         "32-256": "MagicDec",  # the batch sizes its speed-up holds at, long context (arXiv:2408.11049)
+        "40,000": "The check drafts",  # the exercise check's draws per prefix (lib.book.exercises.accept_rule)
     },
     "10_k_sweep.ipynb": {
         "1.2-1.3": "the article",  # the source article's CPU speed-up, at k = 2-3
         "2-3": ("the article", "Leviathan"),  # the article's best k; the paper's speed-up (abstract)
         # vLLM's dynamic speculative decoding page: its EAGLE example's concurrency ranges for k
         "65": "dynamic speculative", "129": "dynamic speculative",
+        "0.05": "Try this", "0.95": "Try this", "0.3": "Try this", "0.7": "Try this",  # the explorer's slider positions
     },
     "11_choosing.ipynb": {
         "5": "Ainslie",  # their uptraining share, 5% of the pre-training steps
