@@ -264,12 +264,27 @@ def accept_all(p, q, x, rng):
     return True, x
 
 
+def accept_inverted(p, q, x, rng):
+    if rng.random() > min(1.0, p[x] / q[x]):
+        return True, x
+    residual = np.maximum(p - q, 0)
+    return False, int(rng.choice(len(p), p=residual / residual.sum()))
+
+
+def resample_unnormalised(p, q, x, rng):
+    if rng.random() < min(1.0, p[x] / q[x]):
+        return True, x
+    return False, int(np.searchsorted(np.cumsum(np.maximum(p - q, 0)), rng.random()))  # can run past the last token
+
+
 def test_accept_check():
     pair = lib.load("target"), lib.load("draft")
     assert accept_rule.check(accept_rule.accept_draft, *pair) == CORRECT
     rejects(accept_rule.check(accept_upside_down, *pair), "accepted", "sum min(p, q)", "upside down")
     rejects(accept_rule.check(resample_from_p, *pair), "after a rejection", "noise floor", "follow p", "residual")
     rejects(accept_rule.check(accept_all, *pair), "100.0% of drafts", "every draft accepted")
+    rejects(accept_rule.check(accept_inverted, *pair), "of drafts were accepted", "inverted")
+    rejects(accept_rule.check(resample_unnormalised, *pair), "tokens are integers 0..95", "normalised")
 
 
 # ----------------------------------------------------------------------------- chapter 10: the best k

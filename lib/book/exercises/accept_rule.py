@@ -39,9 +39,16 @@ def _draws(fn, p, q, case, n, seed):
     drafted = rng.choice(len(q), n, p=q)  # (n,) x ~ q
     accepted, tokens = np.zeros(n, bool), np.zeros(n, np.int64)
     for i, x in enumerate(drafted):
-        got = call(fn, p, q, int(x), rng, case=case)
+        try:
+            got = call(fn, p, q, int(x), rng, case=case)
+        except Wrong as wrong:  # numpy refuses an unnormalised distribution
+            hint = ": divide the residual max(0, p - q) by its sum" if "sum to 1" in str(wrong) else ""
+            raise Wrong(f"{wrong}{hint}") from None
         if not (isinstance(got, tuple) and len(got) == 2):
             raise Wrong(f"{case}: accept_draft must return (accepted, token), got {got!r:.60}")
+        if not (isinstance(got[1], (int, np.integer)) and 0 <= got[1] < len(p)):
+            raise Wrong(f"{case}: tokens are integers 0..{len(p) - 1}, got {got[1]!r:.30} for the draft {x}"
+                        + (" after a rejection: is the residual normalised (divided by its sum)?" if not got[0] else ""))
         accepted[i], tokens[i] = bool(got[0]), int(got[1])
         if accepted[i] and tokens[i] != x:
             raise Wrong(f"{case}: an accepted draft is emitted as itself: drafted {x}, got (True, {tokens[i]})")
@@ -53,7 +60,8 @@ def _rate_hint(rate, p, q) -> str:
     slips = {"every draft accepted: compare a uniform draw with p(x)/q(x)": 1.0,
              "the ratio is upside down: accept with probability min(1, p(x)/q(x)), not q(x)/p(x)":
                  float(np.sum(q * np.minimum(1.0, q / np.maximum(p, 1e-300)))),
-             "drafts accepted only where p(x) >= q(x): the rest need a draw against p(x)/q(x)": float(q[p >= q].sum())}
+             "drafts accepted only where p(x) >= q(x): the rest need a draw against p(x)/q(x)": float(q[p >= q].sum()),
+             "the test is inverted: keep the draft when the uniform draw is below p(x)/q(x)": 1 - float(np.minimum(p, q).sum())}
     name, value = min(slips.items(), key=lambda item: abs(item[1] - rate))
     return f": {name}" if abs(value - rate) < 0.01 else ""
 
