@@ -42,7 +42,7 @@ OVERFLOW_JS = """
     const box = el.getBoundingClientRect();
     if (box.width === 0 || box.height === 0 || el.closest("mjx-assistive-mml")) continue;
     // a code listing that scrolls sideways, by design: its lines never wrap (book/CONVENTIONS.md)
-    if (el.closest("pre.scroll-listing")) continue;
+    if (el.closest("pre.scroll-listing, .scroll-listing pre")) continue;
     // a few pixels of overhang (italic math) are not hidden content
     const style = getComputedStyle(el), clips = style.overflowX !== "visible";
     const past = box.right > column.right + 1;

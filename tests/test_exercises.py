@@ -363,5 +363,5 @@ def test_each_core_chapter_holds_its_exercise(chapter):
     assert skeleton.count("raise NotImplementedError") == len(solutions)
     assert f"{module.__name__.rsplit('.', 1)[1]}.attempt(" in check
     assert solution.startswith(":::{dropdown} Solution")
-    shown = re.search(r"```python\n(.*?)```", solution, re.S)[1]
+    shown = re.search(r"```\{code-block\} python\n:class: scroll-listing\n\n(.*?)```", solution, re.S)[1]
     assert shown == solution_source(solutions), "the dropdown shows the solution's source in lib"
