@@ -115,8 +115,8 @@ def _product_rates(call: float) -> dict:
             a = rng.standard_normal((rows, K), np.float32)
             names = candidates(rows) if rows <= MAX_ROWS else {"numpy": np.matmul}
             for name, product in names.items():
-                t = median_time(lambda: [product(a, w) for w in ws], repeats=3 if count > 1 else 5,
-                                warmup=1, min_seconds=0.0 if count > 1 else 0.005)
+                t = median_time(lambda: [product(a, w) for w in ws], repeats=3 if level > 2**26 else 7,
+                                warmup=1, min_seconds=0.0 if level > 2**26 else 0.01)  # as `_read_seconds` times
                 rates[name, rows, level] = 2 * rows * K * N * count / max(t - count * call, 1e-12)
     return rates
 

@@ -7,7 +7,9 @@ by the larger of reading and computing:
 
 - a weight product: its FLOPs at the rate measured on this machine for that product (numpy's,
   a batch of one-row products, the small-rows kernel), row count and weight size, a rate that
-  includes streaming the weights from the level that holds the step's working set;
+  includes streaming the weights from the level that holds the step's working set, and never
+  faster than reading its weights at the read bandwidth of that working set (probed more densely
+  in size than the products, so a working set just past the last cache reads at memory's rate);
 - an attention product: the bytes of the cached K or V at the read bandwidth of that level,
   against its FLOPs at numpy's rate;
 - an elementwise call or reduction: its elements at this machine's cost per element (a
@@ -167,8 +169,9 @@ def predict(counts, machine: Machine, product: str = "numpy", path: str = None) 
     by_name = {}
     for op in ops:
         if op.kind == "matmul":
-            if op.name == "weights":
-                part, t = "weight products", op.flops / machine.rate(op.rows, product, ws)
+            if op.name == "weights":  # its FLOPs at the product's rate, never faster than its weights' read
+                part, t = "weight products", max(op.flops / machine.rate(op.rows, product, ws),
+                                                 op.streamed / machine.bandwidth(ws))
             else:  # batched over heads: numpy's product, its K or V streaming with the step's working set
                 part, t = "attention products", max(op.streamed / machine.bandwidth(ws),
                                                     op.flops / machine.rate(op.rows, "numpy", op.streamed))
