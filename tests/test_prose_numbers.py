@@ -188,7 +188,7 @@ def markdown_of(page: str) -> list[str]:
 
 def prose_numbers(text: str):
     """(number, paragraph) for every number in the prose of one markdown text."""
-    for paragraph in re.split(r"\n\s*\n", text):
+    for paragraph in re.split(r"\n\s*\n", NOT_PROSE[1].sub(" ", text)):  # code blocks first: they hold blank lines
         prose = paragraph
         for pattern in NOT_PROSE:
             prose = pattern.sub(" ", prose)
