@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from lib.book.prose import glued, shown
+from lib.book.prose import FOLDS_OUTPUT, FOLDS_SOURCE, glued, shown
 
 
 def store_prose(nb) -> int:
@@ -36,10 +36,6 @@ def store_prose(nb) -> int:
     return written
 
 
-HIDDEN_SOURCE = {"hide-input", "hide-cell", "remove-input", "remove-cell"}  # the book folds or drops the code
-HIDDEN_OUTPUT = {"hide-output", "hide-cell", "remove-output", "remove-cell"}  # ... or its outputs
-
-
 def fold_as_the_book_does(nb) -> None:
     """Fold in JupyterLab what the book folds: JupyterLab ignores the book's tags and reads
     `metadata.jupyter.source_hidden` / `outputs_hidden`, so a reader running the notebooks walks the
@@ -47,9 +43,9 @@ def fold_as_the_book_does(nb) -> None:
     for cell in nb.cells:
         tags = set(cell.metadata.get("tags", ()))
         folded = {}
-        if tags & HIDDEN_SOURCE:
+        if tags & FOLDS_SOURCE:
             folded["source_hidden"] = True
-        if cell.cell_type == "code" and tags & HIDDEN_OUTPUT:
+        if cell.cell_type == "code" and tags & FOLDS_OUTPUT:
             folded["outputs_hidden"] = True
         if folded:
             cell.metadata["jupyter"] = folded

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lib.book.prose import glued, shown
+from lib.book.prose import FOLDS_OUTPUT, FOLDS_SOURCE, glued, shown
 
 BOOK = Path(__file__).resolve().parent.parent / "book"
 CHAPTERS = sorted(BOOK.glob("[0-9][0-9]_*.ipynb"))
@@ -134,10 +134,6 @@ def test_every_stored_chapter_printed_one_card():
     distinct = set().union(*printed.values())
     assert len(distinct) == 1, "chapters stored with different cards (re-execute them all with one card):\n" + "\n".join(
         f"{name}: {sorted(c)}" for name, c in printed.items())
-
-
-FOLDS_SOURCE = {"hide-input", "hide-cell", "remove-input", "remove-cell"}  # the book folds or drops the code
-FOLDS_OUTPUT = {"hide-output", "hide-cell", "remove-output", "remove-cell"}  # ... or its outputs
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)

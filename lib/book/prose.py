@@ -13,6 +13,10 @@ import re
 from myst_nb import glue
 
 EVAL = re.compile(r"\{eval\}`([^`]+)`")  # a prose number in a chapter's markdown
+# cell tags with which the book folds or drops a code cell's source, or its outputs; JupyterLab, which
+# ignores them, folds the same cells by their metadata.jupyter (scripts/execute_chapters.py writes it)
+FOLDS_SOURCE = {"hide-input", "hide-cell", "remove-input", "remove-cell"}
+FOLDS_OUTPUT = {"hide-output", "hide-cell", "remove-output", "remove-cell"}
 RECORD = "application/papermill.record/"  # the mime prefix of myst-nb's glue outputs
 
 
