@@ -12,19 +12,19 @@ from typing import NamedTuple
 import numpy as np
 from threadpoolctl import threadpool_info
 
+from lib.book.studies import cachebytes
+from lib.book.studies.load_study import decode_speedup, gpu_ladder, load_study
+from lib.book.studies.sweep import call_costs, draft_cost, k_sweep, predictions
 from lib.cache.kv_cache import KVCache
 from lib.corpus import held_out_prompts
+from lib.fast.kernels import CANDIDATES
+from lib.fast.lean import LeanModel
 from lib.generation import generate
-from lib.kernels import CANDIDATES
-from lib.lean import LeanModel
-from lib.measure import cachebytes
 from lib.measure.card import calibrate, card_path, load_card
 from lib.measure.clocks import fit_clock
 from lib.measure.costmodel import Predictions, describe, h100_line, lean_builder, plain_builder, predict, predict_calls
 from lib.measure.counting import cached_call, numpy_calls_per_step, step_counts
-from lib.measure.load_study import decode_speedup, gpu_ladder, load_study
 from lib.measure.standins import STANDINS, StandInStep, standin, standin_params, weight_bytes
-from lib.measure.sweep import call_costs, draft_cost, k_sweep, predictions
 from lib.model import cached_step, load
 from lib.speculative import expected_speedup
 from lib.timing import matmul_gflops, median_time, memory_gbps, paired, single_thread
@@ -34,7 +34,7 @@ FUSED_POINT = (16, 1023)  # (batch, context) of the quantized-cache goals: the c
 
 def serving_rows(out=print):
     """The serving lines of `python -m lib.bench`: batched decode of the trained target and of the
-    12x768 stand-in, then `lib.measure.load_study.load_study`; returns the goals as (text, value, met)."""
+    12x768 stand-in, then `lib.book.studies.load_study.load_study`; returns the goals as (text, value, met)."""
     target, draft = load("target"), load("draft")
     lean = LeanModel(*target)
     positions = np.random.default_rng(0).integers(16, 129, 32)  # cached tokens of each sequence
@@ -71,7 +71,7 @@ def serving_rows(out=print):
 
 def _product_times(C, rows=(2, 5, 9)):
     """Microseconds of one (T, C+1) @ (C+1, 3C) product (a layer's q|k|v) with each candidate of
-    `lib.kernels` (numpy's general product, a batch of one-row products, the small-rows kernel)."""
+    `lib.fast.kernels` (numpy's general product, a batch of one-row products, the small-rows kernel)."""
     rng = np.random.default_rng(0)
     w = np.asfortranarray(rng.standard_normal((C + 1, 3 * C), np.float32))
     out = {}
@@ -273,7 +273,7 @@ def quantized_section(b: Bench) -> list:
     """The batched decode step at the stand-in's cost by KV storage form: the fused paged read."""
     B, L = FUSED_POINT
     b.out(f"\nbatched decode step at the 12x768 stand-in's cost (1,024 positions), batch {B} x context {L}, by KV "
-          "storage form (lib.measure.cachebytes: the fused paged read; predicted, then measured)")
+          "storage form (lib.book.studies.cachebytes: the fused paged read; predicted, then measured)")
     fused = cachebytes.storage_sweep(b.machine, cachebytes.long_standin(), standin_params(cachebytes.LONG_STANDIN), [FUSED_POINT])
     ratio = {d: r["seconds"] / fused[B, L, "float32"]["seconds"] for (_, _, d), r in fused.items()}
     for (_, _, dtype), r in fused.items():

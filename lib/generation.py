@@ -39,7 +39,7 @@ def generate(params, cfg: ModelConfig, prompt, n_new: int, temperature: float = 
     """Generate n_new tokens after the prompt (token ids). Temperature 0 is greedy.
 
     step: the cached forward to use, step(new_tokens, cache) -> logits; default
-    `forward_cached` with these params (a `lib.lean.LeanModel` is the fast alternative).
+    `forward_cached` with these params (a `lib.fast.lean.LeanModel` is the fast alternative).
     """
     prompt = check_tokens(prompt, cfg)
     check_request(len(prompt), n_new, cfg.block_size, temperature)

@@ -1,6 +1,6 @@
 """Timing, at the ground floor: median timers with single-threaded BLAS, paired timings, and the
 machine's copy bandwidth and product rates. It imports nothing of lib, so the fast paths can
-time their candidates with it (`lib.kernels`); counting a step's calls is `lib.measure.counting`.
+time their candidates with it (`lib.fast.kernels`); counting a step's calls is `lib.measure.counting`.
 
 Timing follows the usual benchmarking rules (warm-up, repeats, median; one BLAS thread so
 runs compare).

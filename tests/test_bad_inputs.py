@@ -11,13 +11,14 @@ from conftest import GQA, perturbed_params, pool_state
 
 from lib import tokenizer
 from lib.book.widgets import slider_plot
-from lib.cache import memory, quant
+from lib.cache import quant
 from lib.cache.kv_cache import KVCache
 from lib.cache.paged import BlockManager, PagedKVCache
 from lib.config import DRAFT, ModelConfig
+from lib.fast.lean import LeanModel
 from lib.generation import complete, generate
+from lib.gpu import memory
 from lib.gqa import mean_pool_kv
-from lib.lean import LeanModel
 from lib.measure import stats
 from lib.model import forward, forward_cached, load, save
 from lib.sampling import probs_from_logits, sample

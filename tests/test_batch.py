@@ -6,11 +6,11 @@ from conftest import GQA, MQA, perturbed_params
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lib.batch import BatchedModel
 from lib.cache.kv_cache import KVCache
 from lib.cache.paged import PagedKVCache
 from lib.config import TARGET
-from lib.lean import LeanModel
+from lib.fast.batch import BatchedModel
+from lib.fast.lean import LeanModel
 from lib.model import forward
 
 MODELS = {name: (perturbed_params(cfg, seed=41), cfg) for name, cfg in (("gqa", GQA), ("mqa", MQA), ("target", TARGET))}

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from lib.cache.memory import GPU, H100, from_hf_config
+from lib.gpu.memory import GPU, H100, from_hf_config
 from lib.measure.card import cache_sizes, measure
 from lib.measure.costmodel import Machine, predict, predict_decode
 from lib.measure.counting import Op

@@ -24,9 +24,9 @@ from lib.book.exercises import (
     run,
     step_plan,
 )
+from lib.book.studies.load_study import LOAD_TRACE
 from lib.corpus import load_corpus
 from lib.measure.clocks import gpu_clock
-from lib.measure.load_study import LOAD_TRACE
 from lib.serve import make_trace
 from lib.serve.replay import Replay
 

@@ -28,11 +28,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lib
-from lib import batch, checks, config, gqa, kernels, kv_scales, lean, model, sampling, speculative, tokenizer
-from lib.cache import kivi, kivi_parts, kv_cache, memory, models, quant
+from lib import checks, config, gqa, kv_scales, model, sampling, speculative, tokenizer
+from lib.cache import kivi, kivi_parts, kv_cache, quant
 from lib.cache.kv_cache import KVCache
 from lib.cache.paged import BlockManager, PagedKVCache, PagedSequence
 from lib.config import DRAFT, ModelConfig
+from lib.fast import batch, kernels, lean
+from lib.gpu import memory, models
 from lib.measure import stats
 
 generate = importlib.import_module("lib.generation")  # lib.generate is also the function lib re-exports

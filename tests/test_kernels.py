@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lib.kernels import CANDIDATES, CLEAR_WIN, MAX_ROWS, candidates, fastest_products, rows_as_batch, rows_product
+from lib.fast.kernels import CANDIDATES, CLEAR_WIN, MAX_ROWS, candidates, fastest_products, rows_as_batch, rows_product
 
 
 @settings(max_examples=150, deadline=None)

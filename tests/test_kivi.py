@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from lib.cache import kivi
 from lib.cache.kv_cache import KVCache
-from lib.lean import LeanModel
+from lib.fast.lean import LeanModel
 from lib.model import forward_cached
 
 PARAMS = perturbed_params(GQA, seed=11)

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from lib.cache.kv_cache import KVCache
 from lib.cache.paged import PagedKVCache
 from lib.config import TARGET
+from lib.fast.lean import LeanModel
 from lib.generation import generate
-from lib.lean import LeanModel
 from lib.measure.counting import numpy_calls_per_step
 from lib.model import cached_step, forward, forward_cached, load
 from lib.speculative import speculative_generate

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from lib.cache.kv_cache import KVCache
-from lib.cache.memory import GPU, H100, KVSpec, expected_experts, from_hf_config, from_model_config, kv_budget, step_seconds
-from lib.cache.models import LLAMA_2_7B, LLAMA_3_8B, REAL_MODELS
 from lib.config import DRAFT, TARGET, ModelConfig
+from lib.gpu.memory import GPU, H100, KVSpec, expected_experts, from_hf_config, from_model_config, kv_budget, step_seconds
+from lib.gpu.models import LLAMA_2_7B, LLAMA_3_8B, REAL_MODELS
 
 GIB, KIB = 2**30, 2**10
 

@@ -11,8 +11,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from lib.cache.kv_cache import KVCache
 from lib.cache.paged import PagedKVCache
+from lib.fast.lean import LeanModel
 from lib.generation import generate
-from lib.lean import LeanModel
 from lib.model import forward, forward_cached, load
 from lib.speculative import speculative_generate
 from lib.tokenizer import encode

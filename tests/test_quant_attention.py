@@ -7,13 +7,13 @@ from conftest import GQA, perturbed_params
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lib.batch import BatchedModel
 from lib.cache import quant
 from lib.cache.kv_cache import DTYPES
 from lib.cache.paged import PagedKVCache
-from lib.cache.paged_kernel import attend_paged
+from lib.fast.batch import BatchedModel
+from lib.fast.lean import LeanModel
+from lib.fast.paged_kernel import attend_paged
 from lib.kv_scales import kv_maxima
-from lib.lean import LeanModel
 from lib.model import attention
 
 KINDS = [(kind, g) for kind in DTYPES for g in (quant.GRANULARITIES if kind in quant.QUANTIZED else ("position",))]
@@ -64,10 +64,10 @@ def test_batched_step_on_a_quantized_pool_equals_each_sequence_alone(kind, granu
 
 
 def test_filled_pools_hold_the_positions_asked_for_in_fewer_bytes():
-    """lib.measure.cachebytes' fixtures: every sequence holds `context` written positions, each storage form's
+    """lib.book.studies.cachebytes' fixtures: every sequence holds `context` written positions, each storage form's
     cache bytes are its codes and scales (int8 about a quarter of float32, int4 an eighth, plus scales),
     and a timed step leaves the sequences as they were."""
-    from lib.measure.cachebytes import cache_bytes, filled_pool
+    from lib.book.studies.cachebytes import cache_bytes, filled_pool
     from lib.measure.counting import pool_call
     B, L = 3, 10
     sizes = {}
@@ -87,7 +87,7 @@ def test_filled_pools_hold_the_positions_asked_for_in_fewer_bytes():
 def test_filled_pools_hold_the_same_values_in_every_form():
     """filled_pools draws K/V once: each pool, read back as float32, holds the float32 pool's
     values to its own rounding."""
-    from lib.measure.cachebytes import filled_pools
+    from lib.book.studies.cachebytes import filled_pools
     pools = filled_pools(GQA, DTYPES, 2, 9, block_size=4)
     exact = [pools["float32"][0].load(layer, s.block_table, 9) for layer in range(GQA.n_layer)
              for s in pools["float32"][1]]
@@ -103,7 +103,7 @@ def test_filled_pools_hold_the_same_values_in_every_form():
 def test_the_kernels_exponential_is_float32_exact_to_a_few_ulp(x):
     """The softmax's polynomial exponential against numpy's, for every score minus its row's
     maximum (x <= 0); below -87 it stays at e^-87, where weights are far below float32's rounding."""
-    from lib.cache.paged_kernel import exp_nonpositive
+    from lib.fast.paged_kernel import exp_nonpositive
     got = exp_nonpositive(np.float32(x))
     expected = np.exp(np.float64(max(x, -87.0)))
     assert abs(got - expected) <= 4 * np.spacing(np.float32(expected))

@@ -4,9 +4,9 @@ the GPU clock is the data sheet's arithmetic at the share torchao's measurement 
 import numpy as np
 import pytest
 
-from lib.cache.memory import H100
-from lib.cache.models import LLAMA_3_8B
-from lib.lean import LeanModel
+from lib.fast.lean import LeanModel
+from lib.gpu.memory import H100
+from lib.gpu.models import LLAMA_3_8B
 from lib.measure.clocks import TORCHAO_STEP, FittedClock, GPUClock, gpu_clock
 from lib.model import load
 from lib.serve import LADDER, make_trace, serve

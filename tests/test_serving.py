@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lib.batch import BatchedModel
+from lib.fast.batch import BatchedModel
+from lib.fast.lean import LeanModel
 from lib.generation import generate
-from lib.lean import LeanModel
 from lib.measure.clocks import FittedClock, StandInClock, crossing, crossover_rate, fit_clock, steady_state
 from lib.measure.counting import batched_call
 from lib.model import load

@@ -5,8 +5,8 @@ import pytest
 from lib.cache.kv_cache import KVCache
 from lib.config import ModelConfig
 from lib.corpus import held_out_prompts
+from lib.fast.lean import LeanModel
 from lib.generation import generate
-from lib.lean import LeanModel
 from lib.measure.standins import DRAFT_STANDINS, STANDINS, StandInStep, standin, standin_params, weight_bytes
 from lib.model import forward, load
 from lib.speculative import speculative_generate

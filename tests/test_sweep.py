@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lib.book.studies.sweep import call_costs, k_sweep, merged, predictions, tokens_per_call_distribution, truncated_geometric
 from lib.corpus import held_out_prompts
-from lib.lean import LeanModel
-from lib.measure.sweep import call_costs, k_sweep, merged, predictions, tokens_per_call_distribution, truncated_geometric
+from lib.fast.lean import LeanModel
 from lib.model import load
 from lib.speculative import speculative_generate
 
@@ -48,7 +48,7 @@ def test_sweep_rows_hold_the_measurements_and_predictions():
 def test_acceptance_on_text_is_the_mean_overlap_of_the_two_distributions():
     """alpha from text: 1 for a model against itself; otherwise the mean over positions of
     sum(min(p, q)) (at temperature 0, of argmax agreement), each window read as its own pass."""
-    from lib.measure.sweep import acceptance_on_text
+    from lib.book.studies.sweep import acceptance_on_text
     from lib.model import forward
     from lib.sampling import probs_from_logits
     target, draft = load("target"), load("draft")

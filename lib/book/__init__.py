@@ -1,2 +1,2 @@
-"""What only the chapters use: sliders over plots (`widgets`), numbers in prose (`prose`) and the
-coding exercises' solutions and checks (`exercises`)."""
+"""What only the chapters use: sliders over plots (`widgets`), numbers in prose (`prose`), the
+chapters' experiments (`studies`) and the coding exercises' solutions and checks (`exercises`)."""

@@ -21,7 +21,7 @@ return them as they are, and `advance` (the end of the step) stores them: finish
 and values that leave the window become codes.
 
 `KiviCache` offers `KVCache`'s interface (write, read, advance, truncate, feed, copy), so
-`lib.model.forward_cached` and `lib.lean.LeanModel` run on it unchanged; reads return float32.
+`lib.model.forward_cached` and `lib.fast.lean.LeanModel` run on it unchanged; reads return float32.
 Truncating into quantized positions (a rejected draft) puts their dequantized values back into
 the full-precision part, so what a read returns never changes.
 """

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from lib.config import ModelConfig
-from lib.kernels import MAX_ROWS, candidates
+from lib.fast.kernels import MAX_ROWS, candidates
 from lib.measure.costmodel import (
     ELEMENTWISE,
     LARGE_ROWS,
@@ -102,7 +102,7 @@ def _read_rates(sizes) -> tuple:
 
 
 def _product_rates(call: float) -> dict:
-    """FLOP/s of (rows, K) @ (K, N) with each product of `lib.kernels`, on weights of each size of
+    """FLOP/s of (rows, K) @ (K, N) with each product of `lib.fast.kernels`, on weights of each size of
     RATE_LEVELS in the engine's layout (`_probe_weights`: the read probe's matrices, read in turn, as
     a step reads its layers). A probe of another shape reads another way: (256, N) matrices read 10
     GB/s for one row over 256 MiB on a machine whose stand-in step streamed 16."""

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lib.batch import BatchedModel
-from lib.cache.memory import GPU, H100, KVSpec, dtype_bytes, kv_budget
-from lib.cache.models import LLAMA_3_8B
 from lib.cache.paged import PagedKVCache
 from lib.checks import check_count, is_number
 from lib.config import is_int
+from lib.fast.batch import BatchedModel
+from lib.gpu.memory import GPU, H100, KVSpec, dtype_bytes, kv_budget
+from lib.gpu.models import LLAMA_3_8B
 from lib.measure.counting import batched_call
 from lib.timing import median_time
 
@@ -158,9 +158,9 @@ class GPUClock:
     def __init__(self, spec: KVSpec = LLAMA_3_8B, gpu: GPU = H100, efficiency: float = 1.0,
                  overhead: float = STEP_OVERHEAD, dtype: str = "bfloat16", compute_efficiency: float = 1.0):
         if not isinstance(spec, KVSpec) or any(w is not None for w in spec.windows) or spec.latent:
-            raise ValueError(f"spec must be a full-attention lib.cache.memory.KVSpec, got {spec!r:.80}")
+            raise ValueError(f"spec must be a full-attention lib.gpu.memory.KVSpec, got {spec!r:.80}")
         if not isinstance(gpu, GPU):
-            raise TypeError(f"gpu must be a lib.cache.memory.GPU, got {type(gpu).__name__}")
+            raise TypeError(f"gpu must be a lib.gpu.memory.GPU, got {type(gpu).__name__}")
         if not (is_number(efficiency) and 0 < efficiency <= 1):
             raise ValueError(f"efficiency must be a share of the bandwidth in (0, 1], got {efficiency!r}")
         if not (is_number(compute_efficiency) and 0 < compute_efficiency <= 1):

@@ -21,7 +21,7 @@ The constants are this machine's card (`lib.measure.card.calibrate()`: measured 
 disk). One set of constants serves every prediction of a run: nothing is tuned per point.
 
 The same arithmetic with a GPU's data-sheet constants (`H100`) gives a decode step of a real
-configuration from `lib.cache.memory`: t = max((weights + B x L x K/V bytes per token) / bandwidth,
+configuration from `lib.gpu.memory`: t = max((weights + B x L x K/V bytes per token) / bandwidth,
 2 N B / FLOP/s), as the inference chapter of the JAX scaling book (Austin et al. 2025) does on
 paper.
 """
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lib.cache.memory import GPU, H100, dtype_bytes, from_hf_config
-from lib.cache.models import LLAMA_3_8B
-from lib.lean import LeanModel
+from lib.fast.lean import LeanModel
+from lib.gpu.memory import GPU, H100, dtype_bytes, from_hf_config
+from lib.gpu.models import LLAMA_3_8B
 from lib.measure.counting import OpCounts, step_counts
 from lib.measure.machine import cpu_model
 from lib.model import forward_cached
@@ -229,10 +229,10 @@ def predict_calls(machine, builder, params, cfg, position, sizes, products=None,
     return {T: predict(c, machine, products[T] if products and T in products else "numpy", path) for T, c in counts.items()}
 
 
-# ----------------------------------------------------------------------------- GPUs (lib.cache.memory.GPU)
+# ----------------------------------------------------------------------------- GPUs (lib.gpu.memory.GPU)
 
 def predict_decode(spec, gpu: GPU, batch: int = 1, context: int = 1024, dtype: str = "bfloat16") -> dict:
-    """One decode step of `batch` sequences of `context` tokens for a `lib.cache.memory` spec on `gpu`:
+    """One decode step of `batch` sequences of `context` tokens for a `lib.gpu.memory` spec on `gpu`:
     the weights the step reads (`KVSpec.weight_bytes` at that batch: no gathered embedding rows, of a
     mixture of experts the ones its tokens were routed to) and every sequence's K/V, read once,
     against 2 FLOPs per parameter each token uses."""

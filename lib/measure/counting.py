@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lib.batch import BatchedModel
 from lib.cache.kv_cache import KVCache
 from lib.cache.paged import PagedKVCache
 from lib.config import is_int
+from lib.fast.batch import BatchedModel
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import numpy as np
 
 from lib.cache.kv_cache import KVCache
 from lib.config import ModelConfig
-from lib.lean import LeanModel
+from lib.fast.lean import LeanModel
 from lib.model import cached_step
 
 STANDINS = {  # name -> shape; all read the book's 96-character vocabulary

@@ -12,10 +12,10 @@ model in the loop give the same schedule).
 """
 import numpy as np
 
-from lib.batch import BatchedModel
 from lib.cache.blocks import BlockManager
 from lib.cache.paged import PagedKVCache
 from lib.checks import check_temperature, check_tokens
+from lib.fast.batch import BatchedModel
 from lib.sampling import next_token
 
 NO = -1e9  # the logit of every token but the recorded one: probability 0 at any temperature

@@ -7,7 +7,7 @@ ITL beside TPOT; Sarathi-Serve, Agrawal et al. 2024, judges chunked prefill by i
 one long step stalls one gap, which a request's average dilutes. Goodput is the requests per
 second that met both targets, as vLLM's `bench serve` reports it (`request_goodput`, with
 `--goodput`); DistServe (Zhong et al. 2024) calls goodput the highest rate at which a set share of
-the requests (`attainment`) meets them, `lib.measure.load_study.slo_capacity`.
+the requests (`attainment`) meets them, `lib.book.studies.load_study.slo_capacity`.
 """
 from dataclasses import dataclass, field
 

@@ -1,7 +1,7 @@
 """Serving a trace of requests on one engine: the step loop, and speculative decoding inside the batch.
 
 Each step the scheduler plans (`lib.serve.scheduler`), the batched model runs every planned row
-in one call (`lib.batch.BatchedModel`), and each sequence gets its next token; the clock advances
+in one call (`lib.fast.batch.BatchedModel`), and each sequence gets its next token; the clock advances
 by the step's time. With a draft model (Leviathan et al. 2023), each decoding sequence first
 drafts up to k tokens (k batched draft steps over all of them), then the one batched target step
 verifies every sequence's ragged k + 1 rows with `lib.speculative.verify`; both caches are
@@ -17,10 +17,10 @@ import time
 
 import numpy as np
 
-from lib.batch import BatchedModel
 from lib.cache.paged import PagedKVCache
 from lib.checks import check_temperature, check_tokens
 from lib.config import is_int
+from lib.fast.batch import BatchedModel
 from lib.sampling import draw, next_token, probs_from_logits
 from lib.serve.policy import Policy
 from lib.serve.replay import Replay

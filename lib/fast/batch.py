@@ -10,7 +10,7 @@ Attention: paged sequences of one pool are written through their block tables in
 per layer and read by one compiled kernel that walks each row's block table, as PagedAttention
 does (Kwon et al. 2023, vLLM): no gather, no padding. Any other caches go through their own
 `write` and `read`, padded to the longest, one masked product for all one-token rows and one
-per prompt. Both the plain weights and the lean path's folded weights (`lib.lean.LeanModel`)
+per prompt. Both the plain weights and the lean path's folded weights (`lib.fast.lean.LeanModel`)
 run here; every sequence's logits equal decoding it alone (tests/test_batch.py).
 """
 import math
@@ -18,9 +18,9 @@ import math
 import numpy as np
 
 from lib.cache.paged import PagedSequence
-from lib.cache.paged_kernel import attend_paged
 from lib.checks import check_cache, check_tokens
-from lib.lean import GELU_S, LeanModel
+from lib.fast.lean import GELU_S, LeanModel
+from lib.fast.paged_kernel import attend_paged
 from lib.model import GELU_C, LN_EPS, cached_step, head, layer_norm, mlp
 
 
@@ -48,8 +48,8 @@ class _Plain:
 
 
 class _Lean:
-    """A LeanModel's folded weights: inputs are normalized rows beside a 1 column (see lib.lean).
-    Up to lib.kernels.MAX_ROWS rows use the product the LeanModel chose by timing its own weights (BLAS's
+    """A LeanModel's folded weights: inputs are normalized rows beside a 1 column (see lib.fast.lean).
+    Up to lib.fast.kernels.MAX_ROWS rows use the product the LeanModel chose by timing its own weights (BLAS's
     general product packs the weights, costly for a few rows); more rows use numpy's product on
     C-ordered copies, the layout it runs fastest."""
 

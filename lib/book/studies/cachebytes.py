@@ -5,7 +5,7 @@ A decode step reads every weight once for the whole batch, and every sequence's 
 for itself: at batch B and context L the cache's share of the bytes is B x L x (bytes per
 position) against the weights (Pope et al. 2022). Storing it in fewer bits (KIVI, Liu et al.
 2024; vLLM's fp8 cache) can only shorten a step when those bytes are a large part of what it
-reads, and only if attention reads the codes where they lie: the paged kernel of `lib.batch`
+reads, and only if attention reads the codes where they lie: the paged kernel of `lib.fast.batch`
 does (`attend_paged`). The sequences' K and V are random values of the model's shapes, written
 through the pool's own quantizing store: attention's cost depends on the shapes, not the values.
 
@@ -23,8 +23,8 @@ import numpy as np
 
 from lib.cache.kv_cache import DTYPES
 from lib.cache.paged import PagedKVCache
-from lib.cache.paged_kernel import attend_paged
-from lib.lean import LeanModel
+from lib.fast.paged_kernel import attend_paged
+from lib.fast.lean import LeanModel
 from lib.measure.costmodel import lean_builder, predict_calls
 from lib.measure.counting import pool_call
 from lib.measure.standins import STANDINS, standin_params

@@ -1,5 +1,5 @@
 """How much memory the KV cache takes: the formula and a reader of Hugging Face `config.json` files
-(the real models the book prices are in `lib.cache.models`); and what a decode step reads of the
+(the real models the book prices are in `lib.gpu.models`); and what a decode step reads of the
 weights, and what fits on one GPU.
 
 bytes = batch x sum over layers of (2 x KV heads x head dim x cached positions x bytes per element)
@@ -178,7 +178,7 @@ def kv_budget(gpu: GPU, weight_bytes: float, utilization: float = 0.9, workspace
     weights it holds and the workspace of activations and buffers. Negative when the weights alone
     do not fit."""
     if not isinstance(gpu, GPU):
-        raise TypeError(f"gpu must be a lib.cache.memory.GPU, got {type(gpu).__name__}")
+        raise TypeError(f"gpu must be a lib.gpu.memory.GPU, got {type(gpu).__name__}")
     if not is_number(utilization) or not 0 < utilization <= 1:
         raise ValueError(f"utilization must be in (0, 1], got {utilization!r}")
     _check_bytes("weight_bytes", weight_bytes)
@@ -191,7 +191,7 @@ def step_seconds(gpu: GPU, weight_bytes: float, kv_bytes: float) -> float:
     with its batch) and every cached K/V byte, once each at the GPU's memory bandwidth (chapters
     2 and 12 measure when a step reaches it)."""
     if not isinstance(gpu, GPU):
-        raise TypeError(f"gpu must be a lib.cache.memory.GPU, got {type(gpu).__name__}")
+        raise TypeError(f"gpu must be a lib.gpu.memory.GPU, got {type(gpu).__name__}")
     _check_bytes("weight_bytes", weight_bytes)
     _check_bytes("kv_bytes", kv_bytes)
     return (weight_bytes + kv_bytes) / gpu.bandwidth

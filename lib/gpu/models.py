@@ -1,7 +1,7 @@
 """The real models the book prices: the fields of each official config.json that the KV formula and
-the weights' reads need (`lib.cache.memory.from_hf_config`), with the address of each config.json
+the weights' reads need (`lib.gpu.memory.from_hf_config`), with the address of each config.json
 and, where a parameter count is not in it, where that count comes from."""
-from lib.cache.memory import from_hf_config
+from lib.gpu.memory import from_hf_config
 
 # The fields of each official config.json that the formula and the weights' reads need, with its address.
 REAL_MODELS = [

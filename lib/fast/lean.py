@@ -23,10 +23,10 @@ makes about 90 numpy calls against the plain path's 206. It is tested exact agai
 reference `model.forward`, for any shape (cost stand-ins of GPT-2-small size included).
 
 Weight products: for 2-9 rows (verifying draft tokens) a general product is slow (see
-`lib.kernels`), so when the model is built each candidate for 1..9 rows (numpy's product, a
-batch of one-row products, the small-rows kernel of `lib.kernels`) is timed on the model's own
+`lib.fast.kernels`), so when the model is built each candidate for 1..9 rows (numpy's product, a
+batch of one-row products, the small-rows kernel of `lib.fast.kernels`) is timed on the model's own
 matrices, and numpy's product is used for that T unless another is clearly faster
-(`products="auto"`, `lib.kernels.fastest_products`). The choice is measured, not assumed,
+(`products="auto"`, `lib.fast.kernels.fastest_products`). The choice is measured, not assumed,
 because it differs between a model whose weights sit in cache and one that streams them from
 memory, and between machines.
 `products="numpy"` keeps numpy's products only (the weights in numpy's usual layout).
@@ -39,7 +39,7 @@ import numpy as np
 from lib.cache.kv_cache import KVCache
 from lib.checks import check_cache, check_params, check_tokens
 from lib.config import ModelConfig
-from lib.kernels import MAX_ROWS, candidates, fastest_products
+from lib.fast.kernels import MAX_ROWS, candidates, fastest_products
 from lib.model import GELU_C, LN_EPS
 from lib.timing import single_thread
 

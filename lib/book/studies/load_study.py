@@ -9,13 +9,13 @@ Goodput and the SLO-capacity rate follow DistServe (Zhong et al. 2024).
 """
 import numpy as np
 
-from lib.batch import BatchedModel
+from lib.fast.batch import BatchedModel
 from lib.corpus import load_corpus
 from lib.generation import generate
-from lib.lean import LeanModel
+from lib.fast.lean import LeanModel
 from lib.measure.clocks import crossing, crossover_rate
 from lib.measure.counting import batched_call, cached_call
-from lib.measure.sweep import acceptance_on_text
+from lib.book.studies.sweep import acceptance_on_text
 from lib.serve import LADDER, make_trace, serve
 from lib.serve.replay import Replay, completions
 from lib.timing import paired

@@ -1,0 +1,3 @@
+"""The chapters' experiments, kept beside the book and apart from the instruments in
+`lib.measure`: chapter 10's k sweep (`sweep`), chapter 7's storage sweep (`cachebytes`) and
+chapter 8's load study (`load_study`)."""
