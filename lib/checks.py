@@ -1,10 +1,9 @@
-"""Argument checks: the rules shared across the engine about what a caller may pass (llm.c's
-`utils.h` idea: named checks, each message naming the argument and saying what to pass).
-Rules that belong to one object (a Policy's settings, a cache's shapes) stay beside it.
-
-A public entry point opens with its checks, then does its work; what it calls inside trusts
-those values (an unchecked twin, such as `lib.sampling.draw` for `lib.sampling.sample`), so no
-hot path checks twice. Each check raises ValueError or TypeError and returns the value normalised.
+"""Argument checks at the engine's boundary: the entry points a reader calls (BOUNDARY) check
+their arguments once, with the rules here (llm.c's `utils.h` idea: named checks, each message
+naming the argument and saying what to pass), before they change anything. Everything behind
+them trusts those values and is written as the algorithm, without checks: so the code a chapter
+prints is the idea, and no hot path checks twice. Each rule raises ValueError or TypeError and
+returns the value normalised.
 """
 import functools
 
@@ -13,6 +12,25 @@ import numpy as np
 from lib.config import ModelConfig, is_int
 
 PROB_TOL = 1e-6  # how far a probability vector may sum from 1
+
+BOUNDARY = (  # the public entry points: each checks its arguments; tests/test_fuzz_api.py fuzzes every one
+    "lib.config.ModelConfig",
+    "lib.tokenizer.encode", "lib.tokenizer.decode",
+    "lib.model.forward", "lib.model.forward_cached", "lib.model.init_params",
+    "lib.model.save", "lib.model.load", "lib.model.load_metadata",
+    "lib.generation.generate", "lib.generation.complete",
+    "lib.speculative.speculative_generate",
+    "lib.kv_scales.kv_maxima",
+    "lib.cache.kv_cache.KVCache", "lib.cache.kv_cache.KVCache.feed",
+    "lib.cache.kivi.KiviCache", "lib.cache.kivi.KiviCache.feed", "lib.cache.kivi_parts.KiviParts",
+    "lib.cache.blocks.BlockManager",
+    "lib.cache.paged.PagedKVCache", "lib.cache.paged.PagedKVCache.add", "lib.cache.paged.PagedKVCache.fork",
+    "lib.cache.paged.PagedKVCache.free", "lib.cache.paged.PagedSequence.feed",
+    "lib.fast.lean.LeanModel", "lib.fast.batch.BatchedModel", "lib.fast.batch.BatchedModel.feed",
+    "lib.gpu.memory.GPU", "lib.gpu.memory.KVSpec", "lib.gpu.memory.read_config",
+    "lib.gpu.memory.from_hf_config", "lib.gpu.memory.from_model_config",
+    "lib.serve.policy.Policy", "lib.serve.server.serve",
+)
 
 
 def is_number(value) -> bool:
