@@ -5,6 +5,7 @@ The main path is the markdown outside collapsed blocks (MyST dropdowns, toggles,
 `:class: dropdown`) and outside the exercise box, which has its own budget. Words are counted as a
 reader sees them, a prose number as one word; a prose number is an {eval} role (or, in chapters not
 yet on the frame, a {glue} role)."""
+import ast
 import json
 import re
 from pathlib import Path
@@ -153,3 +154,48 @@ def test_harness_is_out_of_sight_in_the_book_and_in_jupyterlab(path):
             assert tags & FOLDS_SOURCE, f"{where}: a prose(...) call in a visible cell (hide its input)"
         assert lab.get("source_hidden", False) == bool(tags & FOLDS_SOURCE), f"{where}: folded in the book, not in JupyterLab"
         assert lab.get("outputs_hidden", False) == bool(tags & FOLDS_OUTPUT), f"{where}: outputs folded in one, not the other"
+
+
+def printed_objects(path: Path) -> list:
+    """(label, source) of every lib object the chapter prints with show_source or show_loop: the
+    chapter's own imports are run, then each call's arguments evaluated against them."""
+    from lib.book.source import loop_source, source
+    cells = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    trees = [ast.parse(re.sub(r"^[%!].*$", "", cell, flags=re.M)) for cell in cells]
+    namespace = {}
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                exec(compile(ast.Module([node], []), str(path), "exec"), namespace)
+    found = []
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("show_source", "show_loop"):
+                for arg in node.args:
+                    label = ast.unparse(arg)
+                    obj = eval(compile(ast.Expression(arg), str(path), "eval"), namespace)
+                    text = loop_source(obj) if node.func.id == "show_loop" else source(obj)
+                    found.append((label, text))
+    return found
+
+
+def checks_in(code: str) -> list:
+    """The lines of code that check arguments: a raise, or a call to check*/_check*/validate*."""
+    out = []
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Raise):
+            out.append(ast.unparse(node))
+        elif isinstance(node, ast.Call):
+            name = getattr(node.func, "id", None) or getattr(node.func, "attr", "")
+            if name.lstrip("_").startswith(("check", "validate")):
+                out.append(ast.unparse(node))
+    return out
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_printed_code_is_the_algorithm(path):
+    """A function a chapter prints holds no argument check: the checks live at the boundary
+    (lib.checks.BOUNDARY), and a listing shows the idea it teaches."""
+    printed = printed_objects(path)
+    bad = {label: found for label, text in printed if (found := checks_in(text))}
+    assert not bad, f"{path.name} prints argument checks: {bad}"
