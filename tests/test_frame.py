@@ -199,3 +199,27 @@ def test_printed_code_is_the_algorithm(path):
     printed = printed_objects(path)
     bad = {label: found for label, text in printed if (found := checks_in(text))}
     assert not bad, f"{path.name} prints argument checks: {bad}"
+
+
+BADGE = re.compile(r"⟨[^⟩]*⟩")
+
+
+def defined_badges() -> set:
+    """The badges the regimes page's clock table defines (rows opening with a bold badge)."""
+    nb = json.loads((BOOK / "regimes.ipynb").read_text())
+    text = "\n".join(markdown(nb))
+    return {m for line in text.splitlines() if line.startswith("| **⟨") for m in BADGE.findall(line)[:1]}
+
+
+def test_every_badge_used_is_defined_on_the_regimes_page():
+    """A badge names the clock that produced a result; the regimes page's table defines each one."""
+    defined = defined_badges()
+    assert len(defined) >= 3, f"the regimes page's clock table lost its rows: {defined}"
+    pages = [*BOOK.glob("*.ipynb"), *BOOK.glob("*.md")]
+    used = {}
+    for page in pages:
+        text = "\n".join(markdown(json.loads(page.read_text()))) if page.suffix == ".ipynb" else page.read_text()
+        for badge in BADGE.findall(text):
+            used.setdefault(badge, set()).add(page.name)
+    undefined = {b: sorted(p) for b, p in used.items() if b not in defined}
+    assert not undefined, f"badges not defined in the regimes page's table: {undefined}"
