@@ -223,3 +223,30 @@ def test_every_badge_used_is_defined_on_the_regimes_page():
             used.setdefault(badge, set()).add(page.name)
     undefined = {b: sorted(p) for b, p in used.items() if b not in defined}
     assert not undefined, f"badges not defined in the regimes page's table: {undefined}"
+
+
+LINKED_TERMS = ["TTFT", "TPOT", "ITL", "goodput", "KL", "TVD", "nats", "MBU", "MFU", "roofline",
+                "arithmetic intensity", "noise floor", "machine card", "stand-in device", "bits per character", "α"]
+# the glossary's single letters (c, k, E, G, V(T)) are too common as plain letters to find mechanically
+HIDDEN = re.compile(r"\{[a-z:]+\}`[^`]*`|`[^`]*`|\$[^$]*\$|\]\([^)]*\)|^#.*$|<[^>]*>|:::.*$", re.M)
+
+
+def glossary_terms() -> set:
+    text = (BOOK / "glossary.md").read_text()
+    block = text[text.index("```{glossary}"):]
+    return {line.strip() for line in block.splitlines()[1:] if line and not line.startswith((" ", "`"))}
+
+
+@pytest.mark.parametrize("path", [*CHAPTERS, BOOK / "regimes.ipynb"], ids=lambda p: p.stem)
+def test_a_glossary_term_is_linked_at_its_first_use(path):
+    """The first time a chapter uses a symbol or metric of the glossary, it links it ({term}`TTFT`)."""
+    assert set(LINKED_TERMS) <= glossary_terms(), f"not in book/glossary.md: {set(LINKED_TERMS) - glossary_terms()}"
+    text = "\n".join(markdown(json.loads(path.read_text())))
+    plain = HIDDEN.sub(lambda m: "\0" * len(m.group(0)), text)
+    unlinked = []
+    for term in LINKED_TERMS:
+        found = re.search(rf"(?<![\w\-]){re.escape(term)}(?![\w\-])", plain)
+        link = text.find(f"{{term}}`{term}`")
+        if found and (link < 0 or link > found.start()):
+            unlinked.append(term)
+    assert not unlinked, f"{path.name} uses {unlinked} before linking them to the glossary"
