@@ -58,6 +58,7 @@ def main_path(md: str, apart=lambda opening: False) -> str:
 
 
 def words(text: str) -> int:
+    text = re.sub(r"\{term\}`([^`]+)`", r"\1", text)  # a glossary link reads as its term
     return len(re.findall(r"[A-Za-z0-9][\w'.,-]*", ROLE.sub(" N ", text)))
 
 
