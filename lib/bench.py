@@ -14,7 +14,7 @@ from threadpoolctl import threadpool_info
 
 from lib.book.studies import cachebytes
 from lib.book.studies.load_study import decode_speedup, gpu_ladder, load_study
-from lib.book.studies.sweep import call_costs, draft_cost, k_sweep, predictions
+from lib.book.studies.sweep import call_costs, draft_cost_ratio, k_sweep, predictions
 from lib.cache.kv_cache import KVCache
 from lib.corpus import held_out_prompts
 from lib.fast.kernels import CANDIDATES
@@ -24,8 +24,8 @@ from lib.measure.card import calibrate, card_path, load_card
 from lib.measure.clocks import fit_clock
 from lib.measure.costmodel import Predictions, describe, h100_line, lean_builder, plain_builder, predict, predict_calls
 from lib.measure.counting import cached_call, numpy_calls_per_step, step_counts
-from lib.measure.standins import STANDINS, StandInStep, standin, standin_params, weight_bytes
-from lib.model import cached_step, load
+from lib.measure.standins import STANDINS, StandInStep, standin, weight_bytes
+from lib.model import cached_step, init_params, load
 from lib.speculative import expected_speedup
 from lib.timing import matmul_gflops, median_time, memory_gbps, paired, single_thread
 
@@ -175,7 +175,7 @@ def verify_costs(b: Bench):
     costs = {"tiny, numpy": call_costs(numpy_t, SIZES), "tiny, measured choice": call_costs(b.lean_t, SIZES)}
     products = {"tiny": (numpy_t.products, b.lean_t.products), "12x768 stand-in": ()}  # by T, per kind
     counted = {"tiny": step_counts(lean_builder(tcfg), tp, tcfg, 64, range(1, 10)),
-               "12x768 stand-in": step_counts(lean_builder(large_cfg), standin_params(large_cfg), large_cfg, 64,
+               "12x768 stand-in": step_counts(lean_builder(large_cfg), init_params(large_cfg), large_cfg, 64,
                                               range(1, 10))}
     for kind in ("numpy", "measured choice"):  # one 340 MB stand-in at a time
         large = standin("12x768", products="numpy") if kind == "numpy" else standin("12x768")
@@ -211,7 +211,7 @@ def verify_section(b: Bench):
     out("  decode step of each stand-in (ms): " + ", ".join(f"{n}" for n in STANDINS))
     for name, scfg in STANDINS.items():
         model = large if name == "12x768" else standin(name)
-        p = predict_calls(machine, lean_builder(scfg), standin_params(scfg), scfg, 64, (1,), model.products)[1] \
+        p = predict_calls(machine, lean_builder(scfg), init_params(scfg), scfg, 64, (1,), model.products)[1] \
             if name != "12x768" else large_p[1]
         t = step_large if name == "12x768" else median_time(cached_call(model, scfg, 64), repeats=5)
         b.pred.add("decode step, stand-ins", name, p.seconds, t, p)
@@ -236,8 +236,8 @@ def speculative_section(b: Bench, costs, predicted, large) -> list:
     model_vc = {"": ({T: tiny_p[T].seconds / tiny_p[1].seconds for T in tiny_p}, draft_p / tiny_p[1].seconds),
                 "large_": ({T: (tiny_p[T].seconds + large_p[T].seconds) / (tiny_p[1].seconds + large_p[1].seconds)
                             for T in tiny_p}, draft_p / (tiny_p[1].seconds + large_p[1].seconds))}
-    regimes = {"": (lean_t, draft_cost(lean_t, lean_d), costs["tiny, measured choice"], prompts, 96, (1, 2, 3, 4, 6, 8), 2),
-               "large_": (shadow, draft_cost(shadow, lean_d, repeats=5), call_costs(shadow, SIZES, repeats=5),
+    regimes = {"": (lean_t, draft_cost_ratio(lean_t, lean_d), costs["tiny, measured choice"], prompts, 96, (1, 2, 3, 4, 6, 8), 2),
+               "large_": (shadow, draft_cost_ratio(shadow, lean_d, repeats=5), call_costs(shadow, SIZES, repeats=5),
                           prompts[:2], 48, (2, 3, 4, 6), 1)}
     out(f"\nc (draft step / target step): {regimes[''][1]:.2f} at the trained target's cost, "
         f"{regimes['large_'][1]:.4f} at the stand-in's")
@@ -274,7 +274,7 @@ def quantized_section(b: Bench) -> list:
     B, L = FUSED_POINT
     b.out(f"\nbatched decode step at the 12x768 stand-in's cost (1,024 positions), batch {B} x context {L}, by KV "
           "storage form (lib.book.studies.cachebytes: the fused paged read; predicted, then measured)")
-    fused = cachebytes.storage_sweep(b.machine, cachebytes.long_standin(), standin_params(cachebytes.LONG_STANDIN), [FUSED_POINT])
+    fused = cachebytes.storage_sweep(b.machine, cachebytes.long_standin(), init_params(cachebytes.LONG_STANDIN), [FUSED_POINT])
     ratio = {d: r["seconds"] / fused[B, L, "float32"]["seconds"] for (_, _, d), r in fused.items()}
     for (_, _, dtype), r in fused.items():
         b.pred.add("quantized cache step, stand-in", dtype, r["predicted"], r["seconds"])

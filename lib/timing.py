@@ -1,4 +1,4 @@
-"""Timing, at the ground floor: median timers with single-threaded BLAS, paired timings, and the
+"""Timing, at the ground floor: median timers with single-threaded BLAS, paired and interleaved timings, and the
 machine's copy bandwidth and product rates. It imports nothing of lib, so the fast paths can
 time their candidates with it (`lib.fast.kernels`); counting a step's calls is `lib.measure.counting`.
 
@@ -51,10 +51,33 @@ def paired(baseline, candidate, repeats: int = 9, min_seconds: float = 0.01):
     return float(np.median(times[:, 0])), float(np.median(times[:, 1])), float(np.median(times[:, 1] / times[:, 0]))
 
 
-def paired_speedup(baseline, candidate, repeats: int = 3, min_seconds: float = 0.0) -> float:
-    """Median over back-to-back runs of baseline time / candidate time."""
-    times = paired_times(baseline, candidate, repeats, min_seconds)
-    return float(np.median(times[:, 0] / times[:, 1]))
+def _run_timed(fn):
+    """(fn(), its wall time in seconds): one run, no warm-up."""
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def interleaved_speedups(baseline, groups, repeats: int = 1):
+    """Runs timed in one interleaved sequence: baseline, every run of groups[0], baseline, every run
+    of groups[1], ..., baseline, then the next repeat (its first group against the last baseline).
+    groups: [{key: fn}, ...]. Returns (the first baseline's result, {key: the first repeat's result},
+    {key: [baseline seconds / run seconds, one per repeat]}), each baseline the mean of the two
+    beside the group, so a machine whose speed drifts slows both sides alike."""
+    reference, before = _run_timed(baseline)
+    results, ratios = {}, {}
+    for _ in range(repeats):
+        for group in groups:
+            seconds = {}
+            for key, fn in group.items():
+                result, seconds[key] = _run_timed(fn)
+                results.setdefault(key, result)
+            after = _run_timed(baseline)[1]
+            for key, s in seconds.items():
+                ratios.setdefault(key, []).append((before + after) / 2 / s)
+            before = after
+    return reference, results, ratios
+
 
 def matmul_gflops(m: int, k: int = 96, n: int = 384, seconds: float = 0.05) -> float:
     """Measured GFLOP/s of an (m, k) @ (k, n) float32 product on one thread."""

@@ -2,7 +2,7 @@
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from lib.measure.machine import describe, setup
+from lib.measure.machine import machine_line, setup
 
 
 def test_setup_leaves_one_blas_thread_and_says_so():
@@ -12,5 +12,5 @@ def test_setup_leaves_one_blas_thread_and_says_so():
         assert "1 thread" in line and f"numpy {np.__version__}" in line and "cores" in line
 
 
-def test_describe_names_the_blas_library():
-    assert any(i["internal_api"] in describe() for i in threadpool_info() if i["user_api"] == "blas")
+def test_machine_line_names_the_blas_library():
+    assert any(i["internal_api"] in machine_line() for i in threadpool_info() if i["user_api"] == "blas")

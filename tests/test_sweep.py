@@ -47,19 +47,17 @@ def test_sweep_rows_hold_the_measurements_and_predictions():
 
 def test_acceptance_on_text_is_the_mean_overlap_of_the_two_distributions():
     """alpha from text: 1 for a model against itself; otherwise the mean over positions of
-    sum(min(p, q)) (at temperature 0, of argmax agreement), each window read as its own pass."""
+    sum(min(p, q)) (at temperature 0, of argmax agreement), each chunk read as its own pass."""
     from lib.book.studies.sweep import acceptance_on_text
     from lib.model import forward
     from lib.sampling import probs_from_logits
     target, draft = load("target"), load("draft")
     text = np.arange(300) % target[1].vocab_size
     assert acceptance_on_text(target, target, text, (0.0, 0.7)) == pytest.approx({0.0: 1.0, 0.7: 1.0}, abs=1e-12)
-    windows = [text[:100], text[100:200], text[200:]]
+    chunks = [text[:100], text[100:200], text[200:]]
     for temperature in (0.0, 0.7):
         overlap = np.concatenate([np.minimum(probs_from_logits(forward(*target, w), temperature),
                                              probs_from_logits(forward(*draft, w), temperature)).sum(-1)
-                                  for w in windows]).mean()
-        alpha = acceptance_on_text(target, draft, text, (temperature,), window=100)[temperature]
+                                  for w in chunks]).mean()
+        alpha = acceptance_on_text(target, draft, text, (temperature,), chunk=100)[temperature]
         assert alpha == pytest.approx(overlap, rel=1e-12) and 0 < alpha < 1
-    with pytest.raises(ValueError, match="temperature"):
-        acceptance_on_text(target, draft, text, (-1.0,))

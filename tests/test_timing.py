@@ -6,7 +6,7 @@ from lib.cache.kv_cache import KVCache
 from lib.config import TARGET
 from lib.measure.counting import count_ops, numpy_calls_per_step, step_counts
 from lib.model import forward_cached
-from lib.timing import median_time
+from lib.timing import interleaved_speedups, median_time
 
 
 def test_matmul_flops_and_bytes_come_from_the_shapes():
@@ -70,3 +70,13 @@ def test_step_counts_are_the_step_alone_for_each_call_size():
                                       ("wte.weight", "wpe.weight")) + 4 * cfg.n_embd * 100 * cfg.n_layer
     assert counts[3].matmuls == counts[1].matmuls and counts[3].flops > 3 * counts[1].flops - 1
     assert numpy_calls_per_step(builder, params, cfg, 99) == counts[1].numpy_calls
+
+
+def test_interleaved_runs_sit_between_baselines_and_keep_the_first_results():
+    log = []
+    run = lambda name: (lambda: log.append(name) or f"{name}{len(log)}")
+    groups = [{("a", 1): run("a1"), ("b", 1): run("b1")}, {("a", 2): run("a2")}]
+    reference, results, ratios = interleaved_speedups(run("base"), groups, repeats=2)
+    assert log == ["base", "a1", "b1", "base", "a2", "base", "a1", "b1", "base", "a2", "base"]  # repeat 2 follows the last baseline
+    assert reference == "base1" and results == {("a", 1): "a12", ("b", 1): "b13", ("a", 2): "a25"}
+    assert list(ratios) == list(results) and all(len(r) == 2 and min(r) > 0 for r in ratios.values())

@@ -1,6 +1,5 @@
 import ipywidgets as W
 import matplotlib.pyplot as plt
-import pytest
 
 from lib.book.widgets import slider_plot
 
@@ -26,9 +25,3 @@ def test_two_sliders_nest_stacks_and_text_becomes_html():
     assert "1-z&lt;" in outer.children[0].children[2].value  # escaped
     assert all(inner.selected_index == 2 for inner in outer.children)
 
-
-def test_bad_grids():
-    with pytest.raises(ValueError, match="a dict of one or two sliders"):
-        slider_plot(figure, {"a": [1], "b": [1], "c": [1]})
-    with pytest.raises(ValueError, match="slider 'k' has no values"):
-        slider_plot(figure, {"k": []})

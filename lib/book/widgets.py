@@ -28,31 +28,16 @@ def _slider(name, values, label):
                              style={"description_width": "initial"}, layout=W.Layout(width="480px"))
 
 
-def _values(name, values) -> list:
-    """A slider's values as a list (any iterable, a generator too); a scalar or string is refused."""
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-        raise ValueError(f"slider {name!r} needs a sequence of values, got {values!r}")
-    values = list(values)
-    if not values:
-        raise ValueError(f"slider {name!r} has no values")
-    return values
-
-
 def slider_plot(fn, grid: dict, labels: dict | None = None, initial: dict | None = None) -> W.VBox:
     """Sliders over one or two parameters that switch between precomputed results of fn(**values).
 
     fn: maps keyword values to a matplotlib Figure (or text); grid: {name: [values, ...]} with one
     or two names; labels: slider captions; initial: the values shown first.
     """
-    if not isinstance(grid, dict) or not 1 <= len(grid) <= 2:
-        raise ValueError(f"slider_plot takes a dict of one or two sliders {{name: values}}, got {grid!r:.80}")
-    grid = {name: _values(name, values) for name, values in grid.items()}
+    grid = {name: list(values) for name, values in grid.items()}  # a generator's values too
     labels, initial = labels or {}, initial or {}
-    for name, value in initial.items():
-        if name not in grid or value not in grid[name]:
-            raise ValueError(f"initial value {value!r} for {name!r} is not one of the slider's values {grid.get(name)}")
     names = list(grid)
-    sliders = [_slider(n, list(grid[n]), labels.get(n)) for n in names]
+    sliders = [_slider(n, grid[n], labels.get(n)) for n in names]
     if len(names) == 1:
         stack = W.Stack([_render(fn(**{names[0]: v})) for v in grid[names[0]]])
         W.jslink((sliders[0], "index"), (stack, "selected_index"))

@@ -140,7 +140,7 @@ def measure() -> Machine:
 # ----------------------------------------------------------------------------- the machine card
 
 CARD_DIR = Path(os.environ.get("LIB_CARD_DIR", Path.home() / ".cache" / "fast-inference-book"))
-PROBES = ("measure/card.py", "measure/costmodel.py", "kernels.py", "timing.py")  # the modules whose code the constants come from
+PROBES = ("measure/card.py", "measure/costmodel.py", "fast/kernels.py", "timing.py")  # the modules whose code the constants come from
 
 
 def card_key() -> dict:

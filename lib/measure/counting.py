@@ -15,7 +15,6 @@ import numpy as np
 
 from lib.cache.kv_cache import KVCache
 from lib.cache.paged import PagedKVCache
-from lib.config import is_int
 from lib.fast.batch import BatchedModel
 
 
@@ -184,8 +183,6 @@ def batched_call(batched: BatchedModel, positions, block_size: int = 16, n_token
     """`pool_call` over sequences with `positions` cached tokens in a fresh paged pool, each fed
     `n_tokens` new ones (1: decode; more: a prompt's chunk)."""
     cfg, positions = batched.cfg, [int(p) for p in positions]
-    if not is_int(n_tokens) or n_tokens < 1:
-        raise ValueError(f"n_tokens must be a positive integer, got {n_tokens!r}")
     pool = PagedKVCache(cfg, sum(-(-(p + n_tokens) // block_size) for p in positions), block_size, prefix_caching=False)
     prompts = [np.arange(p) % cfg.vocab_size for p in positions]
     seqs = [pool.add(b, p) for b, p in enumerate(prompts)]

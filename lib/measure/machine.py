@@ -26,7 +26,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def describe() -> str:
+def machine_line() -> str:
     """One line: CPU, cores, numpy, BLAS library with version, kernel set and threads."""
     blas = [f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture') or 'generic'}), "
             f"{i.get('num_threads')} thread{'s' * (i.get('num_threads') != 1)}"
@@ -36,6 +36,6 @@ def describe() -> str:
 
 
 def setup() -> str:
-    """Limit BLAS to one thread for the rest of the process, and describe the machine."""
+    """Limit BLAS to one thread for the rest of the process; return the machine line."""
     threadpool_limits(1, user_api="blas")
-    return describe()
+    return machine_line()

@@ -12,14 +12,12 @@ decision (its tokens, its acceptances), and each of its calls is repeated, with 
 cache is kept at the same length, truncated whenever the real one was. Timing a generation
 through it measures the trained model's decoding at the stand-in's cost.
 """
-import math
-
 import numpy as np
 
 from lib.cache.kv_cache import KVCache
 from lib.config import ModelConfig
 from lib.fast.lean import LeanModel
-from lib.model import cached_step
+from lib.model import cached_step, init_params
 
 STANDINS = {  # name -> shape; all read the book's 96-character vocabulary
     "4x256": ModelConfig(n_layer=4, n_head=4, n_kv_head=4, n_embd=256),  # 13 MB
@@ -32,30 +30,11 @@ DRAFT_STANDINS = {  # a draft's cost: shadowing the trained draft, c is about 0.
 }
 
 
-def standin_params(cfg: ModelConfig, seed: int = 0) -> dict:
-    """Random weights of GPT-2's initial scale, drawn directly in float32 and column-major (the
-    layout the lean path's kernel reads, so building it copies without transposing)."""
-    rng = np.random.default_rng(seed)
-    params = {}
-    for name, shape in cfg.parameter_shapes().items():
-        if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
-            params[name] = np.ones(shape, np.float32)
-        elif name.endswith(".bias"):
-            params[name] = np.zeros(shape, np.float32)
-        else:
-            w = rng.standard_normal(shape[::-1], dtype=np.float32).T  # (in, out), column-major
-            w *= np.float32(0.02 / math.sqrt(2 * cfg.n_layer) if name.endswith("c_proj.weight") else 0.02)
-            params[name] = w
-    return params
-
-
 def standin(name: str, products: str = "auto", seed: int = 0) -> LeanModel:
-    """The lean model of stand-in `name` (a key of STANDINS or DRAFT_STANDINS), for timing only."""
-    shapes = {**STANDINS, **DRAFT_STANDINS}
-    if name not in shapes:
-        raise ValueError(f"unknown cost stand-in {name!r}; the stand-ins are {', '.join(shapes)}")
-    cfg = shapes[name]
-    return LeanModel(standin_params(cfg, seed), cfg, products)
+    """The lean model of stand-in `name` (a key of STANDINS or DRAFT_STANDINS), for timing only:
+    GPT-2's initialisation (`lib.model.init_params`) of its shape."""
+    cfg = {**STANDINS, **DRAFT_STANDINS}[name]
+    return LeanModel(init_params(cfg, seed), cfg, products)
 
 
 def weight_bytes(model: LeanModel) -> int:

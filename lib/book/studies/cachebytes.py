@@ -27,15 +27,16 @@ from lib.fast.paged_kernel import attend_paged
 from lib.fast.lean import LeanModel
 from lib.measure.costmodel import lean_builder, predict_calls
 from lib.measure.counting import pool_call
-from lib.measure.standins import STANDINS, standin_params
+from lib.measure.standins import STANDINS, weight_bytes
+from lib.model import init_params
 from lib.timing import median_time
 
 LONG_STANDIN = dataclasses.replace(STANDINS["12x768"], block_size=1024)  # GPT-2 small: 12 x 768, 1,024 positions
 
 
 def long_standin() -> LeanModel:
-    """The lean model of LONG_STANDIN (random weights, for timing only)."""
-    return LeanModel(standin_params(LONG_STANDIN), LONG_STANDIN)
+    """The lean model of LONG_STANDIN, GPT-2's initialisation of its shape (random weights, for timing only)."""
+    return LeanModel(init_params(LONG_STANDIN), LONG_STANDIN)
 
 
 def filled_pools(cfg, dtypes, batch: int, context: int, block_size: int = 16, seed: int = 0) -> dict:
@@ -57,11 +58,6 @@ def filled_pools(cfg, dtypes, batch: int, context: int, block_size: int = 16, se
         for d in dtypes:
             seqs[d][b].feed(np.zeros(context, np.int64), write)
     return {d: (pools[d], seqs[d]) for d in dtypes}
-
-
-def filled_pool(cfg, dtype: str, batch: int, context: int, block_size: int = 16, seed: int = 0):
-    """One pool of filled_pools: (pool, sequences)."""
-    return filled_pools(cfg, (dtype,), batch, context, block_size, seed)[dtype]
 
 
 def kernel_seconds_per_value(cfg, dtypes=DTYPES, batch: int = 4, context: int = 511) -> dict:
@@ -100,8 +96,7 @@ def predict_attention(machine, model, batch: int, context: int, kv_bytes: int, p
     set, or at `per_value` seconds per cached value read if that is slower."""
     cfg = model.cfg
     values = 2 * cfg.n_layer * cfg.n_head * batch * context * cfg.head_dim
-    weights = sum(w.nbytes for layer in model.layers for w in layer) + model.head.nbytes
-    return max(kv_bytes / machine.bandwidth(weights + kv_bytes), values * per_value)
+    return max(kv_bytes / machine.bandwidth(weight_bytes(model) + kv_bytes), values * per_value)
 
 
 def storage_sweep(machine, model, params, points, dtypes=DTYPES, rounds: int = 5) -> dict:

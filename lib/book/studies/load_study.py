@@ -13,7 +13,7 @@ from lib.fast.batch import BatchedModel
 from lib.corpus import load_corpus
 from lib.generation import generate
 from lib.fast.lean import LeanModel
-from lib.measure.clocks import crossing, crossover_rate
+from lib.measure.clocks import crossing, crossover_rate, gpu_clock
 from lib.measure.counting import batched_call, cached_call
 from lib.book.studies.sweep import acceptance_on_text
 from lib.serve import LADDER, make_trace, serve
@@ -92,7 +92,6 @@ def across_seeds(reports, f) -> tuple:
 def gpu_ladder(target, n: int = 300, fraction: float = 0.7, out=print) -> dict:
     """The ladder's goodput per rung on the H100 clock (`lib.measure.clocks.gpu_clock`), one seed of
     n requests at `fraction` of what a batch of 32 serves, replayed: {rung: goodput, requests/s}."""
-    from lib.measure.clocks import gpu_clock
     clock = gpu_clock()
     lean = LeanModel(*target)
     trace = dict(LOAD_TRACE, n=n, system=load_corpus().held_out[2000:2032])

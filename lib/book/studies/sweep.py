@@ -6,17 +6,16 @@ The target can be a LeanModel (the trained model at its own cost) or a `lib.meas
 timed interleaved (baseline, k1, baseline, k2, ..., baseline), each k against the mean of the
 two baselines beside it, so a machine whose speed drifts affects both sides alike.
 """
-import time
+import functools
 
 import numpy as np
 
-from lib.checks import check_temperature
 from lib.generation import generate
 from lib.measure.counting import cached_call
 from lib.model import cached_step, forward
 from lib.sampling import probs_from_logits
 from lib.speculative import expected_speedup, expected_tokens_per_call, speculative_generate
-from lib.timing import paired_times
+from lib.timing import interleaved_speedups, paired_times
 
 
 def _median_ratio(baseline, candidate, repeats):
@@ -41,25 +40,23 @@ def call_costs(model, sizes, position: int = 64, repeats: int = 9) -> dict:
     return costs
 
 
-def draft_cost(target, draft, position: int = 64, repeats: int = 9) -> float:
+def draft_cost_ratio(target, draft, position: int = 64, repeats: int = 9) -> float:
     """c: a one-token draft call over a one-token target call, the median ratio of back-to-back pairs."""
     return _median_ratio(cached_call(target, cached_step(target)[0], position),
                           cached_call(draft, cached_step(draft)[0], position), repeats)[1]
 
 
-def acceptance_on_text(target, draft, tokens, temperatures, window: int = 512) -> dict:
+def acceptance_on_text(target, draft, tokens, temperatures, chunk: int = 512) -> dict:
     """alpha predicted without generating, {temperature: alpha}: the mean over the positions of
     `tokens` of beta = sum_x min(p(x), q(x)) = 1 - TVD(p, q) (Leviathan et al. 2023, Theorem 3.5
     and Corollary 3.6), p and q the target's and the draft's next-token distributions at each
     temperature (at 0, one-hot argmaxes: beta is 1 where they agree). target and draft are
-    (params, cfg) pairs; the text is read in windows of `window` tokens."""
-    for temperature in temperatures:
-        check_temperature(temperature)
+    (params, cfg) pairs; the text is read in chunks of `chunk` tokens, each its own forward pass."""
     tokens = np.asarray(tokens)
     betas = {temperature: [] for temperature in temperatures}
-    for start in range(0, len(tokens), window):
-        chunk = tokens[start:start + window]
-        z_p, z_q = forward(*target, chunk), forward(*draft, chunk)  # (T, V) each
+    for start in range(0, len(tokens), chunk):
+        piece = tokens[start:start + chunk]  # (T,)
+        z_p, z_q = forward(*target, piece), forward(*draft, piece)  # (T, V) each
         for temperature in temperatures:
             p, q = probs_from_logits(z_p, temperature), probs_from_logits(z_q, temperature)  # (T, V)
             betas[temperature].append(np.minimum(p, q).sum(axis=-1))  # (T,)
@@ -93,16 +90,11 @@ def merged(stats_list) -> dict:
 def k_sweep(target, drafts: dict, prompts, n_new: int, ks, temperature: float, repeats: int = 1) -> dict:
     """Speculative decoding with each draft in `drafts` ({name: model}) and each k, against
     target-only decoding of the same prompts and seeds: {(name, k): {alpha, tpc (tokens per target
-    call), formula (eq. 1), ratios (the measured speed-up of each repeat), speedup (their median),
-    identical (temperature 0: the target-only tokens), stats (merged SpecStats of the first
-    repeat)}}. The repeats run as one interleaved sequence: baseline, every draft at k1, baseline,
-    ..., baseline, the next repeat's first k timed against the last baseline."""
+    call), stats (merged SpecStats), formula (eq. 1), ratios (the measured speed-up of each repeat),
+    identical (temperature 0: the target-only tokens), speedup (the ratios' median)}}, all but the
+    ratios from the first repeat's runs. The runs are timed interleaved: baseline, every draft at
+    k1, baseline, every draft at k2, ..., baseline (`lib.timing.interleaved_speedups`)."""
     cfg = cached_step(target)[0]
-
-    def timed(fn):
-        start = time.perf_counter()
-        result = fn()
-        return result, time.perf_counter() - start
 
     def baseline():
         return [generate(None, cfg, p, n_new, temperature, seed=i, step=target).tokens for i, p in enumerate(prompts)]
@@ -111,26 +103,16 @@ def k_sweep(target, drafts: dict, prompts, n_new: int, ks, temperature: float, r
         return [speculative_generate(target, draft, p, n_new, k=k, temperature=temperature, seed=i)
                 for i, p in enumerate(prompts)]
 
+    groups = [{(name, k): functools.partial(speculative, draft, k) for name, draft in drafts.items()} for k in ks]
+    reference, first_runs, ratios = interleaved_speedups(baseline, groups, repeats)  # each k between two baselines
     rows = {}
-    reference, before = timed(baseline)
-    for repeat in range(repeats):
-        for k in ks:
-            spec_times = {}
-            for name, draft in drafts.items():
-                runs, spec_times[name] = timed(lambda: speculative(draft, k))
-                if repeat == 0:
-                    stats = merged([s for _, s in runs])
-                    alpha = stats["accepted"] / stats["judged"]
-                    rows[name, k] = dict(
-                        alpha=alpha, tpc=stats["emitted"] / stats["target_calls"], stats=stats,
-                        formula=expected_tokens_per_call(alpha, k), ratios=[],
-                        identical=all((t == r).all() for (t, _), r in zip(runs, reference)) if temperature == 0 else None)
-            _, after = timed(baseline)
-            for name, spec in spec_times.items():
-                rows[name, k]["ratios"].append((before + after) / 2 / spec)
-            before = after
-    for row in rows.values():
-        row["speedup"] = float(np.median(row["ratios"]))
+    for (name, k), runs in first_runs.items():
+        stats = merged([s for _, s in runs])
+        alpha = stats["accepted"] / stats["judged"]
+        identical = all((t == r).all() for (t, _), r in zip(runs, reference)) if temperature == 0 else None
+        rows[name, k] = dict(alpha=alpha, tpc=stats["emitted"] / stats["target_calls"], stats=stats,
+                             formula=expected_tokens_per_call(alpha, k), ratios=ratios[name, k], identical=identical,
+                             speedup=float(np.median(ratios[name, k])))
     return rows
 
 
