@@ -19,7 +19,6 @@ from lib.fast.lean import LeanModel
 from lib.generation import complete, generate
 from lib.gpu import memory
 from lib.gqa import mean_pool_kv
-from lib.measure import stats
 from lib.model import forward, forward_cached, load, save
 from lib.sampling import probs_from_logits, sample
 from lib.speculative import (
@@ -105,10 +104,6 @@ CASES = [
     ("decode of non-integer ids", lambda: tokenizer.decode([1.5]), ValueError, "integer token ids"),
     ("encode(None)", lambda: tokenizer.encode(None), TypeError, "encode takes a str, got NoneType"),
     ("encode(bytes)", lambda: tokenizer.encode(b"abc"), TypeError, "decode bytes to str first"),
-    ("tvd of different lengths", lambda: stats.tvd([0.5, 0.5], [1.0]), ValueError, "a has 2, b 1"),
-    ("tvd of an unnormalized p", lambda: stats.tvd([0.5, 0.6], [0.5, 0.5]), ValueError, "sums to 1.1"),
-    ("noise floor for n = 0", lambda: stats.tvd_noise_floor([0.5, 0.5], 0), ValueError, "n \\(the number of samples\\) must be an integer >= 1"),
-    ("chi-square with mismatched counts", lambda: stats.chi_square_pvalue([1, 2, 3], [0.5, 0.5]), ValueError, "one per outcome of p"),
     ("alpha outside [0, 1]", lambda: expected_tokens_per_call(1.5, 3), ValueError, "alpha .* must be in \\[0, 1\\], got 1.5"),
     ("k < 1 in the formula", lambda: expected_speedup(0.5, 0, 0.1), ValueError, "k must be an integer >= 1, got 0"),
     ("verify <= 0", lambda: expected_speedup(0.5, 2, 0.1, verify=0), ValueError, "verify .* must be a finite number > 0"),
@@ -136,7 +131,6 @@ CASES = [
     ("step distribution of p and q of different lengths", lambda: step_distribution([0.5, 0.5], [1 / 3] * 3), ValueError, "p has 2 outcomes, q 3"),
     ("accept a token the draft cannot draw", lambda: accept_or_resample([0.5, 0.5], [1.0, 0.0], 1, RNG), ValueError, "x must be a token the draft could draw"),
     ("accept with an unnormalized q", lambda: accept_or_resample([0.5, 0.5], [1.0, 1.0], 0, RNG), ValueError, "q \\(the draft's probabilities\\) sum to 2"),
-    ("pool_rare with frequencies of another length", lambda: stats.pool_rare([0.5, 0.5], [0.2, 0.3, 0.5], min_prob=0.1), ValueError, "frequency vector 0 must be 2 finite numbers"),
     ("read a cache past what was written", lambda: fed(KVCache(DRAFT, 8)).read(0, 3), ValueError, "end must be an integer in 1..2: layer 0 of the KV cache holds 2 written positions, got 3"),
     ("read a quantized cache past what was written", lambda: fed(KVCache(DRAFT, 8, "int8")).read(0, 8), ValueError, "holds 2 written positions"),
     ("read a layer that does not exist", lambda: fed(KVCache(DRAFT, 8)).read(-1, 2), ValueError, "layer must be an integer in 0..0, got -1"),
@@ -145,8 +139,6 @@ CASES = [
     ("read a paged sequence past what was written", lambda: fed_paged().read(0, 3), ValueError, "sequence 'a' holds 2 written or reserved positions, got 3"),
     ("advance a paged sequence outside feed", lambda: fed_paged().advance(1), ValueError, "advances only inside feed"),
     ("pool heads with a checkpoint key missing", lambda: mean_pool_kv(without("h.0.attn.c_attn.weight"), DRAFT, 1), ValueError, "params\\['h.0.attn.c_attn.weight'\\] is missing"),
-    ("slider values a scalar", lambda: slider_plot(lambda k: str(k), {"k": 3}), ValueError, "slider 'k' needs a sequence of values, got 3"),
-    ("slider initial value off the grid", lambda: slider_plot(lambda k: str(k), {"k": [1, 2]}, initial={"k": 5}), ValueError, "initial value 5 for 'k' is not one of"),
 ]
 
 
