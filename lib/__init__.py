@@ -4,8 +4,8 @@ names most chapters use are re-exported here."""
 from lib.cache.kv_cache import KVCache
 from lib.config import DRAFT, TARGET, ModelConfig
 from lib.generation import Generation, complete, generate
-from lib.model import forward, forward_cached, load, load_metadata
+from lib.model import Model, forward, forward_cached, load, load_metadata
 from lib.tokenizer import decode, encode
 
 __all__ = ["DRAFT", "TARGET", "ModelConfig", "Generation", "complete", "generate", "KVCache",
-           "forward", "forward_cached", "load", "load_metadata", "decode", "encode"]
+           "Model", "forward", "forward_cached", "load", "load_metadata", "decode", "encode"]

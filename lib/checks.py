@@ -11,12 +11,10 @@ import numpy as np
 
 from lib.config import ModelConfig, is_int
 
-PROB_TOL = 1e-6  # how far a probability vector may sum from 1
-
 BOUNDARY = (  # the public entry points: each checks its arguments; tests/test_fuzz_api.py fuzzes every one
     "lib.config.ModelConfig",
     "lib.tokenizer.encode", "lib.tokenizer.decode",
-    "lib.model.forward", "lib.model.forward_cached", "lib.model.init_params",
+    "lib.model.Model", "lib.model.forward", "lib.model.forward_cached", "lib.model.init_params",
     "lib.model.save", "lib.model.load", "lib.model.load_metadata",
     "lib.generation.generate", "lib.generation.complete",
     "lib.speculative.speculative_generate",
@@ -33,6 +31,18 @@ BOUNDARY = (  # the public entry points: each checks its arguments; tests/test_f
 )
 
 
+def checked_by(rule):
+    """Mark a boundary entry point whose body a chapter prints: `rule` takes the entry's arguments,
+    checks them and returns them normalised, and the body runs on what it returns. The listing
+    then shows the rule's name on one line above the algorithm."""
+    def mark(fn):
+        @functools.wraps(fn)
+        def entry(*args, **kwargs):
+            return fn(*rule(*args, **kwargs))
+        return entry
+    return mark
+
+
 def is_number(value) -> bool:
     """A real number: a Python or numpy int or float, not a bool."""
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
@@ -45,6 +55,15 @@ def check_config(cfg, name: str = "cfg", hint: str = "") -> ModelConfig:
     return cfg
 
 
+def check_step(model, name: str = "model"):
+    """A Step (lib.model.Step): a callable with a ModelConfig `cfg`, else a TypeError naming the argument."""
+    if not (callable(model) and isinstance(getattr(model, "cfg", None), ModelConfig)):
+        hint = " (for a (params, cfg) pair pass lib.model.Model(params, cfg))" if isinstance(model, tuple) else ""
+        raise TypeError(f"{name} must be a Step (lib.model.Model(params, cfg), a lib.fast.lean.LeanModel, "
+                        f"a lib.measure.standins.StandInStep), got {type(model).__name__}{hint}")
+    return model
+
+
 def check_count(value, name: str, low: int = 1, what: str = "") -> int:
     """An integer (not a bool) >= low, else a ValueError naming it."""
     if not is_int(value) or value < low:
@@ -55,8 +74,6 @@ def check_count(value, name: str, low: int = 1, what: str = "") -> int:
 def check_tokens(tokens, cfg: ModelConfig, start: int = 0) -> np.ndarray:
     """Validate a 1-D sequence of token ids placed at positions start.. ; return it as int64."""
     check_config(cfg)
-    if not is_int(start) or start < 0:
-        raise ValueError(f"start (the position of the first token) must be an integer >= 0, got {start!r}")
     arr = np.asarray(tokens)
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"tokens must be a non-empty 1-D sequence of ids, got shape {arr.shape}")
@@ -115,38 +132,3 @@ def check_seed(seed) -> int:
     if not is_int(seed) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     return int(seed)
-
-
-def check_logits(logits) -> np.ndarray:
-    """Logits as float64 (..., V), V >= 1, every row with a finite maximum: no NaN, no +inf, not all -inf."""
-    z = np.asarray(logits)
-    if z.dtype.kind not in "iuf" or z.ndim == 0 or z.shape[-1] == 0:
-        raise ValueError(f"logits must be a non-empty array of numbers (..., V), got {z.dtype} of shape {z.shape}")
-    z = z.astype(np.float64, copy=False)
-    top = z.max(axis=-1, keepdims=True)  # NaN if any entry is NaN
-    if not np.isfinite(top).all():
-        raise ValueError("logits contain NaN or +inf, or a row is all -inf: no distribution to sample from")
-    return z
-
-
-def check_probs(probs, name: str = "probabilities") -> np.ndarray:
-    """A 1-D, non-negative vector summing to 1 (within PROB_TOL), else a ValueError saying which.
-    Two reductions when it is one (a NaN fails `min >= 0`, an inf the sum)."""
-    p = np.asarray(probs)
-    if p.dtype.kind not in "iuf":
-        raise ValueError(f"{name} must be numbers, got dtype {p.dtype}")
-    if p.ndim != 1 or p.size == 0:
-        raise ValueError(f"{name} must be a non-empty 1-D vector, got shape {p.shape}")
-    p = p.astype(np.float64, copy=False)
-    total = p.sum()
-    if not (p.min() >= 0 and abs(total - 1.0) <= PROB_TOL):
-        if not np.isfinite(p).all() or (p < 0).any():
-            raise ValueError(f"{name} must be finite and non-negative")
-        raise ValueError(f"{name} sum to {total:.9g}, not 1: normalise them (softmax) first")
-    return p
-
-
-def check_rng(rng) -> np.random.Generator:
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng must be a numpy.random.Generator, e.g. np.random.default_rng(seed), got {rng!r}")
-    return rng

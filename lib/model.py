@@ -6,9 +6,10 @@ are a flat dict keyed like the GPT-2 checkpoint (`h.0.attn.c_attn.weight`, ...).
 
 `forward` is the plain reference: it recomputes everything from the tokens and never changes.
 `forward_cached` appends 1..n tokens to a `KVCache` and returns their logits, so decoding one
-token, prefilling a prompt and verifying k draft tokens are the same call. Grouped-query
-attention (Ainslie et al. 2023) groups the query heads over shared K/V heads; K/V are never
-repeated.
+token, prefilling a prompt and verifying k draft tokens are the same call; both run the layers
+through `block`. `Model(params, cfg)` is that cached call as a `Step`, the one interface every
+generator, the batched engine and the server take. Grouped-query attention (Ainslie et al. 2023)
+groups the query heads over shared K/V heads; K/V are never repeated.
 """
 import json
 import math
@@ -17,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from lib.checks import check_cache, check_config, check_params, check_seed, check_tokens
+from lib.checks import check_cache, check_config, check_params, check_seed, check_tokens, checked_by
 from lib.config import ModelConfig
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
@@ -26,6 +27,20 @@ LN_EPS = 1e-5
 CONFIG_KEY = "__config__"  # the npz entry that holds the config the weights were saved for
 
 
+def check_forward(params, cfg: ModelConfig, tokens) -> tuple:
+    """`forward`'s rule: params of cfg's shape, token ids that fit its context."""
+    check_params(params, cfg)
+    return params, cfg, check_tokens(tokens, cfg)
+
+
+def check_forward_cached(params, cfg: ModelConfig, new_tokens, cache) -> tuple:
+    """`forward_cached`'s rule: params of cfg's shape, a cache made for cfg, new token ids that fit
+    the context after its positions and the room it has left."""
+    check_params(params, cfg)
+    check_cache(cache, cfg)
+    new_tokens = check_tokens(new_tokens, cfg, cache.n)
+    cache.check_room(len(new_tokens))
+    return params, cfg, new_tokens, cache
 
 
 class KVStore(Protocol):
@@ -63,26 +78,15 @@ def attention(q, k, v):
     """Causal attention of T new queries over S = start + T keys, the queries being the last T.
 
     q: (H, T, D); k, v: (Hkv, S, D). Query head h reads K/V head h // G (G = H / Hkv): the G
-    heads of a group are the rows of one product per K/V head, which reads K and V once
-    (FlashAttention-2 reshapes a decoding step's queries the same way). With fewer query rows
-    than positions, the scores are computed as k @ q^T, positions as the product's rows:
-    OpenBLAS runs a product of a few rows several times slower per byte (chapter 5).
+    heads of a group are the rows of one product per K/V head, which reads K and V once.
     """
     H, T, D = q.shape
     Hkv, S, _ = k.shape
     G = H // Hkv
-    qg = q.reshape(Hkv, G * T, D)  # (Hkv, G*T, D): a group's queries side by side
-    scale = 1.0 / math.sqrt(D)
-    if G * T < S:  # few query rows (decode): positions as the rows, scaled into C order
-        att = np.multiply((k @ qg.transpose(0, 2, 1)).transpose(0, 2, 1), scale, order="C")  # (Hkv, G*T, S)
-    else:
-        att = qg @ k.transpose(0, 2, 1) * scale  # (Hkv, G*T, S)
-    if T > 1:  # a single new token may see every cached position
-        future = np.arange(S)[None, :] > np.arange(S - T, S)[:, None]  # (T, S)
-        att = att.reshape(Hkv, G, T, S)
-        att[:, :, future] = -np.inf
-        att = att.reshape(Hkv, G * T, S)
-    y = softmax(att) @ v  # (Hkv, G*T, D)
+    att = q.reshape(Hkv, G * T, D) @ k.transpose(0, 2, 1) / math.sqrt(D)  # (Hkv, G*T, S)
+    future = np.arange(S) > np.arange(S - T, S)[:, None]  # (T, S): keys after each query
+    att = np.where(future, -np.inf, att.reshape(Hkv, G, T, S))  # (Hkv, G, T, S)
+    y = softmax(att).reshape(Hkv, G * T, S) @ v  # (Hkv, G*T, D)
     return y.reshape(H, T, D)
 
 
@@ -115,57 +119,61 @@ def head(params, x):
 
 # ----------------------------------------------------------------------------- forward passes
 
+def block(params, cfg: ModelConfig, i: int, x, cache=None):
+    """Layer i on the rows x (T, C): x + attention(ln_1(x)), then x + mlp(ln_2(x)). Without a
+    cache the rows are the whole sequence; with one, their K/V are written at positions cache.n..
+    and the queries attend over every position it holds."""
+    p = f"h.{i}."
+    T = len(x)
+    h = layer_norm(x, params[p + "ln_1.weight"], params[p + "ln_1.bias"])  # (T, C)
+    q, k, v = split_qkv(h @ params[p + "attn.c_attn.weight"], cfg)  # (H|Hkv, T, D)
+    if cache is not None:
+        cache.write(i, k, v)
+        k, v = cache.read(i, cache.n + T)  # (Hkv, n+T, D): every position so far
+    y = attention(q, k, v).transpose(1, 0, 2).reshape(T, cfg.n_embd)  # (T, C)
+    x = x + y @ params[p + "attn.c_proj.weight"]  # (T, C)
+    return x + mlp(x, params, i)  # (T, C)
+
+
+@checked_by(check_forward)
 def forward(params, cfg: ModelConfig, tokens) -> np.ndarray:
     """Reference forward pass: logits (T, V) for every position, recomputed from scratch."""
-    check_params(params, cfg)
-    tokens = check_tokens(tokens, cfg)
     x = embed(params, tokens, 0)  # (T, C)
     for i in range(cfg.n_layer):
-        p = f"h.{i}."
-        h = layer_norm(x, params[p + "ln_1.weight"], params[p + "ln_1.bias"])  # (T, C)
-        q, k, v = split_qkv(h @ params[p + "attn.c_attn.weight"], cfg)  # (H|Hkv, T, D)
-        y = attention(q, k, v).transpose(1, 0, 2).reshape(len(tokens), cfg.n_embd)  # (T, C)
-        x = x + y @ params[p + "attn.c_proj.weight"]  # (T, C)
-        x = x + mlp(x, params, i)  # (T, C)
+        x = block(params, cfg, i, x)  # (T, C)
     return head(params, x)  # (T, V)
 
 
+@checked_by(check_forward_cached)
 def forward_cached(params, cfg: ModelConfig, new_tokens, cache: KVStore) -> np.ndarray:
-    """Append new tokens at positions cache.n.. and return their logits (T, V).
-
-    Everything is checked before the cache is touched, so a bad call leaves it as it was.
-    """
-    check_params(params, cfg)
-    check_cache(cache, cfg)
-    start = cache.n
-    tokens = check_tokens(new_tokens, cfg, start)
-    T = len(tokens)
-    cache.check_room(T)
-    x = embed(params, tokens, start)  # (T, C)
+    """Append new tokens at positions cache.n.. and return their logits (T, V): prefill, one
+    decode step and the verification of k draft tokens are this one call."""
+    x = embed(params, new_tokens, cache.n)  # (T, C)
     for i in range(cfg.n_layer):
-        p = f"h.{i}."
-        h = layer_norm(x, params[p + "ln_1.weight"], params[p + "ln_1.bias"])  # (T, C)
-        q, k, v = split_qkv(h @ params[p + "attn.c_attn.weight"], cfg)  # (H|Hkv, T, D)
-        cache.write(i, k, v)
-        k_all, v_all = cache.read(i, start + T)  # (Hkv, start+T, D)
-        y = attention(q, k_all, v_all).transpose(1, 0, 2).reshape(T, cfg.n_embd)  # (T, C)
-        x = x + y @ params[p + "attn.c_proj.weight"]  # (T, C)
-        x = x + mlp(x, params, i)  # (T, C)
-    cache.advance(T)
+        x = block(params, cfg, i, x, cache)  # (T, C)
+    cache.advance(len(new_tokens))
     return head(params, x)  # (T, V)
 
 
-def cached_step(model):
-    """A model as (cfg, step): a (params, cfg) pair steps with the plain `forward_cached`; a
-    LeanModel, or any step object with a ModelConfig `cfg` (such as `lib.measure.standins.StandInStep`),
-    with itself. step(new_tokens, cache) -> logits (T, V)."""
-    if isinstance(getattr(model, "cfg", None), ModelConfig) and callable(model):
-        return model.cfg, model
-    if not (isinstance(model, tuple) and len(model) == 2):
-        raise TypeError(f"a model is a (params, cfg) pair or a LeanModel, got {type(model).__name__}")
-    params, cfg = model
-    check_params(params, cfg)
-    return cfg, lambda tokens, cache: forward_cached(params, cfg, tokens, cache)
+class Step(Protocol):
+    """A model as the engine runs it: its config, and a call that appends new tokens to a cache
+    and returns their logits (T, V). `Model` is the plain one; `lib.fast.lean.LeanModel` and
+    `lib.measure.standins.StandInStep` are others."""
+    cfg: ModelConfig
+
+    def __call__(self, new_tokens, cache: KVStore) -> np.ndarray: ...
+
+
+class Model:
+    """The plain model as a Step: GPT-2 parameters and their config, checked against each other
+    once, here; a call is `forward_cached`."""
+
+    def __init__(self, params, cfg: ModelConfig):
+        check_params(params, cfg)
+        self.params, self.cfg = params, cfg
+
+    def __call__(self, new_tokens, cache: KVStore) -> np.ndarray:
+        return forward_cached(self.params, self.cfg, new_tokens, cache)
 
 
 # ----------------------------------------------------------------------------- parameters

@@ -14,27 +14,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lib.cache.kv_cache import KVCache
-from lib.checks import check_cache, check_probs, check_rng, check_seed, check_tokens
+from lib.checks import check_cache, check_count, check_seed, check_step, check_tokens
 from lib.config import ModelConfig, is_int
 from lib.generation import check_request
-from lib.model import cached_step
-from lib.sampling import draw, probs_from_logits
-
-
-def check_pq(p, q):
-    """p (the target's) and q (the draft's) as float64 distributions over the same vocabulary."""
-    p, q = check_probs(p, "p (the target's probabilities)"), check_probs(q, "q (the draft's probabilities)")
-    if p.shape != q.shape:
-        raise ValueError(f"p and q must be distributions over one vocabulary: p has {p.size} outcomes, q {q.size}")
-    return p, q
+from lib.sampling import probs_from_logits, sample
 
 
 def residual(p, q) -> np.ndarray:
     """norm(max(0, p - q)): where to draw from after a rejection (p if p == q)."""
-    return _residual(*check_pq(p, q))
-
-
-def _residual(p, q) -> np.ndarray:
     r = np.maximum(p - q, 0.0)  # (V,)
     total = r.sum()
     return r / total if total > 0 else p
@@ -46,23 +33,15 @@ def step_distribution(p, q) -> np.ndarray:
     Equals p: accepted mass min(p, q), plus rejected mass sum(max(0, q - p)) = sum(max(0, p - q))
     times the residual max(0, p - q) / sum(max(0, p - q)).
     """
-    p, q = check_pq(p, q)
     accepted = np.minimum(p, q)  # (V,)
     return accepted + (1.0 - accepted.sum()) * residual(p, q)
 
 
 def accept_or_resample(p, q, x: int, rng: np.random.Generator):
     """Judge drafted token x ~ q against the target's p: (True, x) or (False, token from the residual)."""
-    p, q = check_pq(p, q)
-    if not is_int(x) or not 0 <= x < q.size or q[x] == 0:
-        raise ValueError(f"x must be a token the draft could draw: an integer in 0..{q.size - 1} with q[x] > 0, got {x!r}")
-    return _accept_or_resample(p, q, x, check_rng(rng))
-
-
-def _accept_or_resample(p, q, x: int, rng: np.random.Generator):
     if rng.random() < min(1.0, p[x] / q[x]):  # with probability min(1, p/q)
         return True, x
-    return False, draw(_residual(p, q), rng)
+    return False, sample(residual(p, q), rng)
 
 
 def verify(ps, qs, drafted, temperature: float, rng: np.random.Generator):
@@ -72,51 +51,50 @@ def verify(ps, qs, drafted, temperature: float, rng: np.random.Generator):
     target's next row. ps: (k + 1, V) the target's; qs: k draft rows (V,).
     Returns (tokens accepted, next token)."""
     for i, x in enumerate(drafted):
-        ok, token = _accept_or_resample(ps[i], qs[i], x, rng)
+        ok, token = accept_or_resample(ps[i], qs[i], x, rng)
         if not ok:
             return i, token
     last = ps[len(drafted)]  # (V,)
     greedy = temperature == 0
-    return len(drafted), int(np.argmax(last)) if greedy else draw(last, rng)
+    return len(drafted), int(np.argmax(last)) if greedy else sample(last, rng)
 
 
 @dataclass
 class SpecStats:
+    """What a run did, per draft position i: times drafted, judged (reached the accept/reject
+    test) and accepted. The totals are their sums; a round is one target call."""
     k: int
     rounds: int = 0
-    drafted: int = 0
-    judged: int = 0  # drafted tokens that reached the accept/reject test
-    accepted: int = 0
-    emitted: int = 0
-    target_calls: int = 0
     draft_calls: int = 0
-    drafted_at: list = field(default_factory=list)  # per draft position i: times it was drafted
-    judged_at: list = field(default_factory=list)  # ... times it reached the accept/reject test
-    accepted_at: list = field(default_factory=list)  # ... times it was accepted
+    drafted_at: list = field(default_factory=list)
+    judged_at: list = field(default_factory=list)
+    accepted_at: list = field(default_factory=list)
 
     def __post_init__(self):
         self.drafted_at, self.judged_at, self.accepted_at = [0] * self.k, [0] * self.k, [0] * self.k
+
+    def record(self, k_round: int, n_ok: int) -> None:
+        """One round: k_round tokens drafted, the first n_ok accepted, the one after them (if any) rejected."""
+        self.rounds += 1
+        for i in range(k_round):
+            self.drafted_at[i] += 1
+            self.judged_at[i] += i <= n_ok
+            self.accepted_at[i] += i < n_ok
+
+    drafted = property(lambda self: sum(self.drafted_at))
+    judged = property(lambda self: sum(self.judged_at))
+    accepted = property(lambda self: sum(self.accepted_at))
+    emitted = property(lambda self: self.accepted + self.rounds, doc="accepted tokens plus one per round")
+    target_calls = property(lambda self: self.rounds, doc="one per round")
 
     @property
     def alpha(self) -> float:
         """Acceptance rate: accepted / judged."""
         return self.accepted / self.judged if self.judged else float("nan")
 
-    @property
-    def tokens_per_call(self) -> float:
-        return self.emitted / self.target_calls if self.target_calls else float("nan")
-
-    @property
-    def acceptance_by_position(self) -> np.ndarray:
-        """P(draft token i accepted), per position i: alpha^(i+1) if acceptances were independent."""
-        return np.array(self.accepted_at) / np.maximum(np.array(self.drafted_at), 1)
-
 
 def check_pair(target_cfg: ModelConfig, draft_cfg: ModelConfig, k, dynamic: bool = False, k_max=16) -> None:
     """Same vocabulary; k (and with `dynamic`, k_max >= k) an integer from 1 to the context length."""
-    for name, cfg in (("target_cfg", target_cfg), ("draft_cfg", draft_cfg)):
-        if not isinstance(cfg, ModelConfig):
-            raise TypeError(f"{name} must be a lib.config.ModelConfig, got {type(cfg).__name__}")
     if target_cfg.vocab_size != draft_cfg.vocab_size:
         raise ValueError(f"draft and target must share a vocabulary: the target has {target_cfg.vocab_size} "
                          f"tokens, the draft {draft_cfg.vocab_size}")
@@ -146,9 +124,8 @@ class ModelDrafter:
     """Drafts with a small model: its own KV cache, sampling each token from its q."""
 
     def __init__(self, model, prompt, max_len, temperature):
-        self.cfg, self.step = cached_step(model)
-        self.temperature = temperature
-        self.cache = KVCache(self.cfg, max_len)
+        self.model, self.temperature = model, temperature
+        self.cache = KVCache(model.cfg, max_len)
         self.pending = list(prompt[:-1])  # tokens the draft has not read yet
         self.calls = 0
 
@@ -157,10 +134,10 @@ class ModelDrafter:
         tokens, qs = [], []
         feed = self.pending + [last]
         for i in range(k):
-            logits = self.step(np.array(feed), self.cache)[-1]  # (V,)
+            logits = self.model(np.array(feed), self.cache)[-1]  # (V,)
             self.calls += 1
             q = probs_from_logits(logits, self.temperature)  # (V,)
-            x = draw(q, rng) if self.temperature > 0 else int(np.argmax(q))
+            x = sample(q, rng) if self.temperature > 0 else int(np.argmax(q))
             tokens.append(x)
             qs.append(q)
             feed = [x]
@@ -182,9 +159,7 @@ class PromptLookup:
     `prompt_lookup_max` and `prompt_lookup_min`); shorter tails draft nothing."""
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
-        if not is_int(max_ngram) or max_ngram < 1:
-            raise ValueError(f"max_ngram must be an integer >= 1, got {max_ngram!r}")
-        if not is_int(min_ngram) or not 1 <= min_ngram <= max_ngram:
+        if check_count(min_ngram, "min_ngram") > check_count(max_ngram, "max_ngram"):
             raise ValueError(f"min_ngram must be an integer from 1 to max_ngram={max_ngram}, got {min_ngram!r}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
@@ -212,83 +187,52 @@ def speculative_generate(target, draft, prompt, n_new: int, k: int = 4, temperat
                          seed: int = 0, dynamic: bool = False, k_max: int = 16, cache=None):
     """Generate n_new tokens after prompt with draft-then-verify decoding.
 
-    target: a (params, cfg) pair or a `LeanModel`; draft: either of those, or a `PromptLookup`.
-    dynamic: start at k, add 2 after a round that accepts every draft token, else subtract 1
-    (within 1..k_max). cache: the target's KV cache (default a new KVCache); a `PagedSequence`
-    runs it on the paged cache. Returns (tokens (n_new,), SpecStats). At temperature 0, p and q are
-    one-hot argmaxes and the rule accepts exactly while the draft's token is the target's
-    argmax, so the output equals greedy decoding of the target.
+    target: a Step (`lib.model.Model(params, cfg)`, a `LeanModel`, ...); draft: a Step, or a
+    `PromptLookup`. dynamic: start at k, add 2 after a round that accepts every draft token, else
+    subtract 1 (within 1..k_max). cache: the target's KV cache (default a new KVCache); a
+    `PagedSequence` runs it on the paged cache. Returns (tokens (n_new,), SpecStats). At
+    temperature 0, p and q are one-hot argmaxes and the rule accepts exactly while the draft's
+    token is the target's argmax, so the output equals greedy decoding of the target.
     """
-    tcfg, target_step = cached_step(target)
-    dcfg = tcfg if isinstance(draft, PromptLookup) else cached_step(draft)[0]
+    tcfg = check_step(target, "target").cfg
+    lookup = isinstance(draft, PromptLookup)
+    dcfg = tcfg if lookup else check_step(draft, "draft").cfg
     check_pair(tcfg, dcfg, k, dynamic, k_max)
     prompt = check_tokens(prompt, tcfg)
     check_request(len(prompt), n_new, min(tcfg.block_size, dcfg.block_size), temperature)
     rng = np.random.default_rng(check_seed(seed))
     max_len = len(prompt) + n_new
-    if isinstance(draft, PromptLookup):
-        drafter = draft.start(prompt, tcfg.vocab_size)
-    else:
-        drafter = ModelDrafter(draft, prompt, max_len, temperature)
     cache = target_cache(cache, tcfg, prompt, max_len)
+    drafter = draft.start(prompt, tcfg.vocab_size) if lookup else ModelDrafter(draft, prompt, max_len, temperature)
     pending = list(prompt[cache.n:-1])  # tokens the target has not read yet
     last = int(prompt[-1])  # emitted but not yet read by either model
     out, stats = [], SpecStats(k_max if dynamic else k)
     while len(out) < n_new:
-        k_round = min(k, n_new - len(out))  # never draft past the end
-        drafted, qs = drafter.propose(last, k_round, rng)
-        k_round = len(drafted)  # prompt lookup may find fewer
+        drafted, qs = drafter.propose(last, min(k, n_new - len(out)), rng)  # never past the end
         base = cache.n + len(pending)  # position of `last`
-        logits = cache.feed(np.array(pending + [last] + drafted), target_step)
-        ps = probs_from_logits(logits[-(k_round + 1):], temperature)  # (k_round + 1, V)
-        pending = []
-        stats.target_calls += 1
+        logits = cache.feed(np.array(pending + [last] + drafted), target)  # one call scores every draft
+        ps = probs_from_logits(logits[-(len(drafted) + 1):], temperature)  # (k_round + 1, V)
         n_ok, nxt = verify(ps, qs, drafted, temperature, rng)
-        for i in range(min(n_ok + 1, k_round)):
-            stats.judged_at[i] += 1
-        for i in range(n_ok):
-            stats.accepted_at[i] += 1
-        for i in range(k_round):
-            stats.drafted_at[i] += 1
-        stats.rounds += 1
-        stats.drafted += k_round
-        stats.judged += min(n_ok + 1, k_round)
-        stats.accepted += n_ok
+        stats.record(len(drafted), n_ok)
         kept = [last] + drafted[:n_ok]
         cache.truncate(base + len(kept))  # drop the rejected positions
         drafter.keep(base, kept)
         out.extend(drafted[:n_ok] + [nxt])
-        stats.emitted += n_ok + 1
-        last = nxt
+        pending, last = [], nxt
         if dynamic:
-            k = min(k + 2, k_max) if k_round and n_ok == k_round else max(k - 1, 1)
+            k = min(k + 2, k_max) if drafted and n_ok == len(drafted) else max(k - 1, 1)
     stats.draft_calls = drafter.calls
     return np.array(out[:n_new], dtype=np.int64), stats
 
 
-def check_formula_args(alpha, k, c=0.0, verify=1.0) -> None:
-    """alpha a probability, k an integer >= 1, c >= 0 and verify > 0 (finite numbers)."""
-    number = lambda x: isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
-    if not (number(alpha) and 0 <= alpha <= 1):
-        raise ValueError(f"alpha (the acceptance rate) must be in [0, 1], got {alpha!r}")
-    if not is_int(k) or k < 1:
-        raise ValueError(f"k must be an integer >= 1, got {k!r}")
-    if not (number(c) and 0 <= c < float("inf")):
-        raise ValueError(f"c (draft cost / target cost) must be a finite number >= 0, got {c!r}")
-    if not (number(verify) and 0 < verify < float("inf")):
-        raise ValueError(f"verify (cost of a (k+1)-token target call / one token) must be a finite number > 0, got {verify!r}")
-
-
 def expected_tokens_per_call(alpha: float, k: int) -> float:
     """(1 - alpha^(k+1)) / (1 - alpha): expected tokens per target call (Leviathan et al., eq. 1)."""
-    check_formula_args(alpha, k)
     return k + 1.0 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
-def expected_speedup(alpha: float, k: int, c: float, verify: float = 1.0) -> float:
+def expected_speedup(alpha: float, k: int, c: float, call_cost: float = 1.0) -> float:
     """Theorem 3.8: walltime improvement (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)), c = draft / target cost.
 
-    `verify` replaces the theorem's assumption that a (k+1)-token target call costs as much as a
-    one-token call: pass the measured ratio of the two to get the same accounting with it."""
-    check_formula_args(alpha, k, c, verify)
-    return expected_tokens_per_call(alpha, k) / (k * c + verify)
+    `call_cost` replaces the theorem's assumption that a (k+1)-token target call costs as much as a
+    one-token call: pass the measured ratio of the two, V(k+1), to get the same accounting with it."""
+    return expected_tokens_per_call(alpha, k) / (k * c + call_cost)

@@ -6,6 +6,7 @@ from conftest import perturbed_params
 from lib.config import DRAFT, TARGET
 from lib.generation import complete, generate
 from lib.measure.stats import chi_square_pvalue, tvd, tvd_noise_floor
+from lib.model import Model, forward
 from lib.sampling import probs_from_logits, sample
 
 
@@ -34,14 +35,31 @@ def test_samples_follow_the_distribution():
 def test_same_tokens_with_and_without_cache(cfg, temperature):
     params = perturbed_params(cfg, seed=5)
     prompt = np.arange(24) * 5 % 96
-    cached = generate(params, cfg, prompt, 40, temperature, seed=7)
-    plain = generate(params, cfg, prompt, 40, temperature, seed=7, use_cache=False)
+    cached = generate(Model(params, cfg), prompt, 40, temperature, seed=7)
+    plain = generate(Model(params, cfg), prompt, 40, temperature, seed=7, use_cache=False)
     np.testing.assert_array_equal(cached.tokens, plain.tokens)
     assert np.abs(cached.logits - plain.logits).max() < 1e-5
 
 
 def test_same_seed_same_tokens_other_seed_other_tokens():
     params = perturbed_params(TARGET, seed=2)
-    a = complete(params, TARGET, "def f(x):", 60, 1.0, seed=11)
-    assert a == complete(params, TARGET, "def f(x):", 60, 1.0, seed=11)
-    assert a != complete(params, TARGET, "def f(x):", 60, 1.0, seed=12)
+    a = complete(Model(params, TARGET), "def f(x):", 60, 1.0, seed=11)
+    assert a == complete(Model(params, TARGET), "def f(x):", 60, 1.0, seed=11)
+    assert a != complete(Model(params, TARGET), "def f(x):", 60, 1.0, seed=12)
+
+
+def test_without_cache_each_step_is_the_reference_forward():
+    params = perturbed_params(DRAFT, seed=3)
+    prompt = np.arange(12) * 7 % 96
+    gen = generate(Model(params, DRAFT), prompt, 8, 0.8, seed=1, use_cache=False)
+    seq = np.concatenate([prompt, gen.tokens])
+    for i in range(8):
+        np.testing.assert_array_equal(gen.logits[i], forward(params, DRAFT, seq[:len(prompt) + i])[-1])
+
+
+def test_a_model_that_is_not_a_step_is_refused():
+    params = perturbed_params(DRAFT, seed=3)
+    with pytest.raises(TypeError, match=r"model must be a Step.*lib.model.Model\(params, cfg\)"):
+        generate((params, DRAFT), [1, 2], 3)
+    with pytest.raises(ValueError, match="needs float"):
+        Model(params, TARGET)

@@ -27,7 +27,7 @@ def solo(req):
     """Greedy decoding of one request alone (memoized: hypothesis reuses prompts)."""
     key = (tuple(req.prompt.tolist()), req.n_new)
     if key not in _SOLO:
-        _SOLO[key] = generate(PARAMS, CFG, req.prompt, req.n_new, step=LEAN).tokens.tolist()
+        _SOLO[key] = generate(LEAN, req.prompt, req.n_new).tokens.tolist()
     return _SOLO[key]
 
 
@@ -54,8 +54,8 @@ def test_tiny_pools_and_bursty_traces(num_blocks, block_size, burstiness, n, see
                        system=np.arange(6) * 7 % CFG.vocab_size if system else ())
     reserve = "max" if policy == "static" else reserve
     rung = Policy(policy, reserve, mixed, prefix, budget, max_batch, watermark)
-    report = serve(LEAN, trace, num_blocks, rung, block_size, cost=COST, window=2e-3, max_tokens=10,
-                   draft=DRAFT if speculate else None, draft_cost=DRAFT_COST if speculate else None, k=3)
+    report = serve(LEAN, trace, num_blocks, rung, block_size, clock=COST, batch_wait=2e-3, max_tokens=10,
+                   draft=DRAFT if speculate else None, draft_clock=DRAFT_COST if speculate else None, k=3)
     check_report(report, trace)
     for out in report.outcomes:
         length = 10 if reserve == "max" else out.request.n_new
@@ -71,7 +71,7 @@ def test_tiny_pools_and_bursty_traces(num_blocks, block_size, burstiness, n, see
 def test_requests_that_can_never_fit_are_rejected_with_their_reason():
     prompt = np.arange(20) % CFG.vocab_size
     trace = [Request(0, 0.0, prompt, 500), Request(1, 0.0, prompt, 200), Request(2, 0.0, prompt, 8)]
-    report = serve(LEAN, trace, num_blocks=8, block_size=16, cost=COST)
+    report = serve(LEAN, trace, num_blocks=8, block_size=16, clock=COST)
     reasons = [o.rejected for o in report.outcomes]
     assert "longer than the context of 512 positions" in reasons[0]
     assert "needs 14 blocks of 16 positions, the whole pool has 8" in reasons[1]
@@ -82,7 +82,7 @@ def test_requests_that_can_never_fit_are_rejected_with_their_reason():
 def test_preemption_recomputes_and_changes_nothing():
     """A pool that holds one long request at a time: the newer ones are preempted and recomputed."""
     trace = make_trace(6, rate=1000.0, seed=3, prompt_len=(20, 30), n_new=(30, 40))
-    report = serve(LEAN, trace, num_blocks=6, block_size=16, cost=COST)
+    report = serve(LEAN, trace, num_blocks=6, block_size=16, clock=COST)
     assert report.preemptions > 0 and report.recomputed > 0
     assert sum(o.preempted for o in report.outcomes) == report.preemptions
     check_report(report, trace)
@@ -91,8 +91,8 @@ def test_preemption_recomputes_and_changes_nothing():
 def test_shared_system_prompt_is_computed_once_per_residency():
     system = np.arange(64) * 5 % CFG.vocab_size
     trace = make_trace(8, rate=1e6, seed=1, prompt_len=(8, 16), n_new=(4, 8), system=system)
-    shared = serve(LEAN, trace, num_blocks=64, policy=Policy(prefix_caching=True), block_size=16, cost=COST)
-    alone = serve(LEAN, trace, num_blocks=64, policy=Policy(prefix_caching=False), block_size=16, cost=COST)
+    shared = serve(LEAN, trace, num_blocks=64, policy=Policy(prefix_caching=True), block_size=16, clock=COST)
+    alone = serve(LEAN, trace, num_blocks=64, policy=Policy(prefix_caching=False), block_size=16, clock=COST)
     assert shared.peak_blocks < alone.peak_blocks
     assert alone.prefilled == sum(len(r.prompt) for r in trace) > shared.prefilled
     check_report(shared, trace)
@@ -101,10 +101,10 @@ def test_shared_system_prompt_is_computed_once_per_residency():
 
 def test_temperature_sampling_matches_each_request_sampled_alone():
     trace = make_trace(5, rate=1000.0, seed=2, prompt_len=(8, 16), n_new=(20, 30))
-    report = serve(LEAN, trace, num_blocks=5, block_size=16, temperature=0.8, cost=COST)
+    report = serve(LEAN, trace, num_blocks=5, block_size=16, temperature=0.8, clock=COST)
     assert report.preemptions > 0
     for out in report.outcomes:
-        alone = generate(PARAMS, CFG, out.request.prompt, out.request.n_new, 0.8, seed=out.request.rid, step=LEAN)
+        alone = generate(LEAN, out.request.prompt, out.request.n_new, 0.8, seed=out.request.rid)
         assert out.tokens == alone.tokens.tolist()
 
 
@@ -113,8 +113,8 @@ def test_temperature_sampling_matches_each_request_sampled_alone():
     ({"num_blocks": 0}, "num_blocks must be"),
     ({"max_tokens": 1}, "max_tokens must be"),
     ({"k": 0}, "k must be"),
-    ({"window": -1.0}, "window must be"),
-    ({"draft": DRAFT, "cost": COST}, "cost and draft_cost go together"),
+    ({"batch_wait": -1.0}, "batch_wait must be"),
+    ({"draft": DRAFT, "clock": COST}, "clock and draft_clock go together"),
 ])
 def test_bad_settings_are_refused(kwargs, message):
     args = {"num_blocks": 8, **kwargs}
@@ -179,14 +179,14 @@ def test_steady_state_is_littles_law_over_a_poisson_batch():
 @pytest.mark.parametrize("name", list(LADDER))
 def test_every_rung_of_the_ladder_serves_exactly(name):
     trace = make_trace(10, rate=300.0, seed=4, prompt_len=(8, 40), n_new=(4, 30), system=np.arange(20) % 90)
-    report = serve(LEAN, trace, 24, LADDER[name], cost=COST, max_tokens=30, window=5e-3)
+    report = serve(LEAN, trace, 24, LADDER[name], clock=COST, max_tokens=30, batch_wait=5e-3)
     check_report(report, trace)
     assert report.summary()["completed"] == 10
 
 
 def test_speculative_batch_equals_greedy_and_accepts():
     trace = make_trace(6, rate=500.0, seed=5, prompt_len=(10, 30), n_new=(10, 40))
-    report = serve(LEAN, trace, 40, cost=COST, draft=DRAFT, k=4, draft_cost=DRAFT_COST)
+    report = serve(LEAN, trace, 40, clock=COST, draft=DRAFT, k=4, draft_clock=DRAFT_COST)
     check_report(report, trace)
     s = report.summary()
     assert 0 < s["accepted/drafted"] <= 1 and report.draft_pool.manager.num_free == report.draft_pool.manager.num_blocks
@@ -196,7 +196,7 @@ def test_speculative_batch_under_preemption_still_equals_greedy():
     """A pool that cannot hold everyone: speculating sequences are preempted, recomputed, and both
     their caches freed; the tokens are still each request's greedy decoding."""
     trace = make_trace(6, rate=1000.0, seed=3, prompt_len=(20, 30), n_new=(30, 40))
-    report = serve(LEAN, trace, 6, cost=COST, draft=DRAFT, k=3, draft_cost=DRAFT_COST)
+    report = serve(LEAN, trace, 6, clock=COST, draft=DRAFT, k=3, draft_clock=DRAFT_COST)
     assert report.preemptions > 0
     check_report(report, trace)
     assert report.draft_pool.manager.num_free == report.draft_pool.manager.num_blocks
@@ -204,7 +204,7 @@ def test_speculative_batch_under_preemption_still_equals_greedy():
 
 def test_speculative_batch_samples_at_temperature_and_cleans_up():
     trace = make_trace(5, rate=500.0, seed=6, prompt_len=(10, 20), n_new=(10, 30))
-    report = serve(LEAN, trace, 40, cost=COST, draft=DRAFT, k=4, draft_cost=DRAFT_COST, temperature=0.8)
+    report = serve(LEAN, trace, 40, clock=COST, draft=DRAFT, k=4, draft_clock=DRAFT_COST, temperature=0.8)
     m = report.pool.manager
     assert m.num_free == m.num_blocks and not any(m.ref)
     assert all(len(o.tokens) == o.request.n_new for o in report.outcomes)
@@ -213,7 +213,7 @@ def test_speculative_batch_samples_at_temperature_and_cleans_up():
 
 def test_the_latest_arrival_is_preempted_first():
     trace = make_trace(6, rate=1000.0, seed=3, prompt_len=(20, 30), n_new=(30, 40))
-    report = serve(LEAN, trace, 6, cost=COST)
+    report = serve(LEAN, trace, 6, clock=COST)
     first = min(report.outcomes, key=lambda o: o.request.arrival)
     assert first.preempted == 0 and report.preemptions > 0
 
@@ -235,7 +235,7 @@ def test_a_fitted_clock_gives_the_same_schedule_every_run():
         clock = fit_clock(LEAN, positions, sizes=(1, 2, 4), chunks=(8,), repeats=1)
     assert list(clock.seconds) == sorted(clock.seconds) and len(clock.decode_times) == 3
     trace = make_trace(8, rate=2000.0, seed=3)
-    runs = [serve(LEAN, trace, 24, cost=clock) for _ in range(2)]
+    runs = [serve(LEAN, trace, 24, clock=clock) for _ in range(2)]
     assert runs[0].summary() == runs[1].summary()
     assert np.array_equal(runs[0].timeline, runs[1].timeline)
 

@@ -10,7 +10,7 @@ from hypothesis.extra.numpy import arrays
 from lib.config import DRAFT, TARGET, ModelConfig
 from lib.generation import generate
 from lib.measure.stats import chi_square_pvalue
-from lib.model import forward
+from lib.model import Model, forward
 from lib.sampling import probs_from_logits
 from lib.speculative import PromptLookup, expected_speedup, expected_tokens_per_call, speculative_generate, step_distribution
 
@@ -30,26 +30,26 @@ def test_one_step_distribution_with_disjoint_supports_and_equal_inputs():
     np.testing.assert_allclose(step_distribution(p, p), p, atol=1e-15)
 
 
-TARGET_PAIR = (perturbed_params(TARGET, seed=21), TARGET)
-DRAFT_PAIR = (perturbed_params(DRAFT, seed=22), DRAFT)
+TARGET_MODEL = Model(perturbed_params(TARGET, seed=21), TARGET)
+DRAFT_MODEL = Model(perturbed_params(DRAFT, seed=22), DRAFT)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
 def test_temperature_zero_equals_greedy_target(k):
     prompt = np.arange(10) * 7 % 96
-    greedy = generate(*TARGET_PAIR, prompt, 50).tokens
-    tokens, st_ = speculative_generate(TARGET_PAIR, DRAFT_PAIR, prompt, 50, k=k, temperature=0)
+    greedy = generate(TARGET_MODEL, prompt, 50).tokens
+    tokens, st_ = speculative_generate(TARGET_MODEL, DRAFT_MODEL, prompt, 50, k=k, temperature=0)
     np.testing.assert_array_equal(tokens, greedy)
     assert st_.target_calls == st_.rounds and st_.accepted <= st_.judged <= st_.drafted
     assert st_.emitted >= 50 and st_.draft_calls == st_.drafted
 
 
-@pytest.mark.parametrize("draft,dynamic", [(DRAFT_PAIR, True), (PromptLookup(), False), (PromptLookup(1), True)],
+@pytest.mark.parametrize("draft,dynamic", [(DRAFT_MODEL, True), (PromptLookup(), False), (PromptLookup(1), True)],
                          ids=["dynamic-k", "prompt-lookup", "prompt-lookup-unigram-dynamic"])
 def test_temperature_zero_equals_greedy_for_every_drafter(draft, dynamic):
     prompt = np.array([5, 6, 7, 5, 6, 7, 5, 6])
-    greedy = generate(*TARGET_PAIR, prompt, 60).tokens
-    tokens, s = speculative_generate(TARGET_PAIR, draft, prompt, 60, k=2, temperature=0, dynamic=dynamic)
+    greedy = generate(TARGET_MODEL, prompt, 60).tokens
+    tokens, s = speculative_generate(TARGET_MODEL, draft, prompt, 60, k=2, temperature=0, dynamic=dynamic)
     np.testing.assert_array_equal(tokens, greedy)
     assert s.accepted <= s.judged <= s.drafted
 
@@ -72,8 +72,8 @@ def test_prompt_lookup_drafts_nothing_below_its_shortest_ngram():
 
 
 def test_identical_draft_accepts_everything():
-    tokens, s = speculative_generate(TARGET_PAIR, TARGET_PAIR, np.arange(5), 40, k=4, temperature=1.0, seed=3)
-    assert s.alpha == 1.0 and s.tokens_per_call == pytest.approx(5.0) and len(tokens) == 40
+    tokens, s = speculative_generate(TARGET_MODEL, TARGET_MODEL, np.arange(5), 40, k=4, temperature=1.0, seed=3)
+    assert s.alpha == 1.0 and s.emitted / s.target_calls == pytest.approx(5.0) and len(tokens) == 40
 
 
 # Tiny models over a 4-token vocabulary, so the joint distribution of the next two tokens has
@@ -85,11 +85,11 @@ TINY_D = ModelConfig(n_layer=1, n_head=1, n_kv_head=1, n_embd=4, block_size=16, 
 def tiny(cfg, seed, scale):
     params = perturbed_params(cfg, seed)
     params["lm_head.weight"] *= scale  # sharper logits, so p and q really differ
-    return params, cfg
+    return Model(params, cfg)
 
 
-def exact_joint(pair, prompt, temperature):
-    params, cfg = pair
+def exact_joint(model, prompt, temperature):
+    params, cfg = model.params, model.cfg
     p1 = probs_from_logits(forward(params, cfg, prompt)[-1], temperature)
     joint = np.zeros((4, 4))
     for a in range(4):
@@ -119,13 +119,13 @@ def test_formulas():
     assert expected_tokens_per_call(1.0, 5) == 6.0
     assert expected_tokens_per_call(0.5, 2) == pytest.approx(1.75)
     assert expected_speedup(0.5, 2, 0.25) == pytest.approx(1.75 / 1.5)
-    assert expected_speedup(0.5, 2, 0.25, verify=2.0) == pytest.approx(1.75 / 2.5)
+    assert expected_speedup(0.5, 2, 0.25, call_cost=2.0) == pytest.approx(1.75 / 2.5)
 
 
 @given(alpha=st.floats(0, 1), k=st.integers(1, 16))
 def test_a_free_draft_cannot_beat_verification_that_costs_a_step_per_token(alpha, k):
     """If a (k+1)-token call costs k+1 one-token calls, speculation gains nothing even at c = 0."""
-    assert expected_speedup(alpha, k, 0.0, verify=k + 1) <= 1.0 + 1e-12
+    assert expected_speedup(alpha, k, 0.0, call_cost=k + 1) <= 1.0 + 1e-12
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -141,10 +141,10 @@ def test_a_free_draft_cannot_beat_verification_that_costs_a_step_per_token(alpha
 def test_bad_arguments(kwargs, message):
     args = {"k": 2, "temperature": 1.0, "n_new": 10} | kwargs
     with pytest.raises(ValueError, match=message):
-        speculative_generate(TARGET_PAIR, DRAFT_PAIR, [1, 2, 3], **args)
+        speculative_generate(TARGET_MODEL, DRAFT_MODEL, [1, 2, 3], **args)
 
 
 def test_draft_with_another_vocabulary_is_refused():
     other = ModelConfig(n_layer=1, n_head=2, n_kv_head=2, n_embd=48, vocab_size=100)
     with pytest.raises(ValueError, match="share a vocabulary: the target has 96 tokens, the draft 100"):
-        speculative_generate(TARGET_PAIR, (perturbed_params(other), other), [1, 2], 5)
+        speculative_generate(TARGET_MODEL, Model(perturbed_params(other), other), [1, 2], 5)

@@ -41,7 +41,7 @@ def test_sweep_rows_hold_the_measurements_and_predictions():
     for (_, k), r in rows.items():
         assert r["identical"] is True and r["speedup"] > 0 and 0 <= r["alpha"] <= 1
         assert len(r["ratios"]) == 2 and r["speedup"] == np.median(r["ratios"])
-        assert 1 <= r["tpc"] <= k + 1 and r["theorem"] > 0 and r["with_verify"] > 0
+        assert 1 <= r["tpc"] <= k + 1 and r["theorem"] > 0 and r["with_call_cost"] > 0
     assert costs[1] == 1.0 and costs[0] > 0
 
 

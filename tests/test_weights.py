@@ -6,7 +6,7 @@ import pytest
 from lib.config import DRAFT, TARGET
 from lib.corpus import load_corpus
 from lib.generation import generate
-from lib.model import load, load_metadata
+from lib.model import Model, load, load_metadata
 from lib.tokenizer import encode
 from lib.train import evaluate
 
@@ -29,7 +29,7 @@ def test_context_is_cached_exactly_on_the_headline_prompt():
     """Greedy 96 characters from '    def __init__(self, ' with and without the cache: same tokens."""
     params, cfg = load("target")
     prompt = encode("    def __init__(self, ")
-    cached = generate(params, cfg, prompt, 96)
-    plain = generate(params, cfg, prompt, 96, use_cache=False)
+    cached = generate(Model(params, cfg), prompt, 96)
+    plain = generate(Model(params, cfg), prompt, 96, use_cache=False)
     np.testing.assert_array_equal(cached.tokens, plain.tokens)
     assert np.abs(cached.logits - plain.logits).max() < 1e-4

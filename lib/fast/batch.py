@@ -21,7 +21,7 @@ from lib.cache.paged import PagedSequence
 from lib.checks import check_cache, check_tokens
 from lib.fast.lean import GELU_S, LeanModel
 from lib.fast.paged_kernel import attend_paged
-from lib.model import GELU_C, LN_EPS, cached_step, head, layer_norm, mlp
+from lib.model import GELU_C, LN_EPS, Model, head, layer_norm, mlp
 
 
 class _Plain:
@@ -207,11 +207,12 @@ def check_batch(cfg, new_tokens, caches):
 
 class BatchedModel:
     """A model that steps many sequences at once: `step` on caches that have room (KVCache),
-    `feed` on paged sequences. model: a LeanModel, or a (params, cfg) pair for the plain path."""
+    `feed` on paged sequences. model: a LeanModel, or a lib.model.Model for the plain path."""
 
     def __init__(self, model):
-        cached_step(model)  # a LeanModel or a (params, cfg) pair whose params fit cfg
-        self.w = _Lean(model) if isinstance(model, LeanModel) else _Plain(*model)
+        if not isinstance(model, (LeanModel, Model)):
+            raise TypeError(f"model must be a lib.model.Model or a lib.fast.lean.LeanModel, got {type(model).__name__}")
+        self.w = _Lean(model) if isinstance(model, LeanModel) else _Plain(model.params, model.cfg)
         self.cfg, self.space = self.w.cfg, _Space()
 
     def step(self, new_tokens, caches):

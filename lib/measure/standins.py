@@ -17,7 +17,7 @@ import numpy as np
 from lib.cache.kv_cache import KVCache
 from lib.config import ModelConfig
 from lib.fast.lean import LeanModel
-from lib.model import cached_step, init_params
+from lib.model import init_params
 
 STANDINS = {  # name -> shape; all read the book's 96-character vocabulary
     "4x256": ModelConfig(n_layer=4, n_head=4, n_kv_head=4, n_embd=256),  # 13 MB
@@ -47,10 +47,10 @@ class StandInStep:
     """The stand-in device for one sequence: a cached step that returns `model`'s logits after
     running a call of the same size on `standin`, whose own cache follows the real cache's length
     (`lib.measure.clocks.StandInClock` is the same device for a batch). Use it wherever a LeanModel
-    goes (`generate(..., step=)`, `speculative_generate`). `calls` records each call's size."""
+    goes (`generate`, `speculative_generate`). `calls` records each call's size."""
 
     def __init__(self, model, standin_model: LeanModel):
-        self.cfg, self.step = cached_step(model)
+        self.cfg, self.step = model.cfg, model
         if standin_model.cfg.block_size < self.cfg.block_size:
             raise ValueError(f"the stand-in has {standin_model.cfg.block_size} positions, fewer than "
                              f"the model's {self.cfg.block_size}")

@@ -3,7 +3,7 @@
 Each rung adds one idea to the one before it (`LADDER`):
 
 - static batching: a batch is formed when the previous one has finished and either `max_batch`
-  requests wait or the oldest has waited the batching window; each request's blocks for its
+  requests wait or the oldest has waited `batch_wait` seconds; each request's blocks for its
   prompt and `max_tokens` of answer are set aside when it joins (a server does not know the length
   of an answer before it ends).
 - Orca (Yu et al. 2022, "Orca: A Distributed Serving System for Transformer-Based Generative
@@ -26,7 +26,7 @@ Each rung adds one idea to the one before it (`LADDER`):
 import math
 from dataclasses import dataclass
 
-from lib.config import is_int
+from lib.checks import check_count, is_number
 
 
 @dataclass(frozen=True)
@@ -44,12 +44,11 @@ class Policy:
             raise ValueError(f"batching must be 'continuous' or 'static', got {self.batching!r}")
         if self.reserve not in ("paged", "max") or (self.batching == "static" and self.reserve != "max"):
             raise ValueError(f"reserve must be 'paged' or 'max' ('max' for static batching), got {self.reserve!r}")
-        if not is_int(self.max_batch) or self.max_batch < 1:
-            raise ValueError(f"max_batch must be a positive integer, got {self.max_batch!r}")
-        if not (isinstance(self.watermark, (int, float)) and 0 <= self.watermark < 1):
+        check_count(self.max_batch, "max_batch")
+        if not (is_number(self.watermark) and 0 <= self.watermark < 1):
             raise ValueError(f"watermark must be a share of the pool in [0, 1), got {self.watermark!r}")
-        if self.token_budget is not None and (not is_int(self.token_budget) or self.token_budget < 1):
-            raise ValueError(f"token_budget must be a positive integer or None, got {self.token_budget!r}")
+        if self.token_budget is not None:
+            check_count(self.token_budget, "token_budget")
         for name in ("mixed", "prefix_caching"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")

@@ -56,10 +56,10 @@ class Scheduler:
         while self.arrivals and self.arrivals[0].arrival <= now:
             self.waiting.append(self.arrivals.popleft())
 
-    def batch_due(self, now: float, window: float):
-        """Static batching: None once max_batch wait, the oldest has waited `window`, or no more
+    def batch_due(self, now: float, batch_wait: float):
+        """Static batching: None once max_batch wait, the oldest has waited `batch_wait`, or no more
         will come; else the time to wait until (whichever comes first)."""
-        due = self.waiting[0].arrival + window
+        due = self.waiting[0].arrival + batch_wait
         if len(self.waiting) >= self.policy.max_batch or now >= due or not self.arrivals:
             return None
         return min(due, self.arrivals[0].arrival)

@@ -8,7 +8,7 @@ verifies every sequence's ragged k + 1 rows with `lib.speculative.verify`; both 
 truncated per sequence. At temperature 0 the tokens are each request's greedy decoding. The
 draft's cache lives in its own pool, not scheduled.
 
-Time: with cost=None each iteration (scheduling, the batched steps, sampling) is timed and the
+Time: with clock=None each iteration (scheduling, the batched steps, sampling) is timed and the
 clock advances by it; a clock from `lib.measure.clocks` (a `FittedClock` fitted to a stand-in or a
 measured `StandInClock`) gives each step's time from its rows instead.
 """
@@ -18,10 +18,9 @@ import time
 import numpy as np
 
 from lib.cache.paged import PagedKVCache
-from lib.checks import check_temperature, check_tokens
-from lib.config import is_int
+from lib.checks import check_count, check_step, check_temperature, check_tokens, is_number
 from lib.fast.batch import BatchedModel
-from lib.sampling import draw, next_token, probs_from_logits
+from lib.sampling import next_token, probs_from_logits, sample
 from lib.serve.policy import Policy
 from lib.serve.replay import Replay
 from lib.serve.report import Outcome, Report
@@ -31,55 +30,56 @@ from lib.speculative import verify
 
 
 def serve(model, trace, num_blocks: int, policy: Policy = Policy(), block_size: int = 16,
-          temperature: float = 0.0, window: float = 0.0, max_tokens=None, cost=None, draft=None,
-          k: int = 4, draft_cost=None) -> Report:
+          temperature: float = 0.0, batch_wait: float = 0.0, max_tokens=None, clock=None, draft=None,
+          k: int = 4, draft_clock=None) -> Report:
     """Run a trace of requests through one engine; returns every request's outcome and the pool.
 
-    model: a LeanModel or a (params, cfg) pair, or a `lib.serve.replay.Replay` of recorded
-    completions (the same schedule without running the model each step). policy: a `Policy` (a rung of `LADDER`).
-    window: seconds static batching waits for a batch to fill. max_tokens: the answer length a
-    "max" reservation assumes (None: each request's own n_new, an oracle). draft: a draft model
-    for speculative decoding with up to k tokens per step. cost, draft_cost: None to time each
-    iteration, or clocks from lib.measure.clocks."""
+    model: a Step (`lib.model.Model(params, cfg)`, a LeanModel), or a `lib.serve.replay.Replay` of
+    recorded completions (the same schedule without running the model each step). policy: a
+    `Policy` (a rung of `LADDER`). batch_wait: seconds static batching waits for a batch to fill.
+    max_tokens: the answer length a "max" reservation assumes (None: each request's own n_new, an
+    oracle). draft: a draft Step for speculative decoding with up to k tokens per step. clock,
+    draft_clock: None to time each iteration, or clocks from lib.measure.clocks."""
+    if not isinstance(model, Replay):
+        check_step(model)
     if not isinstance(policy, Policy):
         raise TypeError(f"policy must be a lib.serve.Policy (a rung of lib.serve.LADDER), got {policy!r}")
     check_temperature(temperature)
-    if not (isinstance(window, (int, float)) and 0 <= window < math.inf):
-        raise ValueError(f"window must be seconds >= 0, got {window!r}")
-    if not is_int(k) or k < 1:
-        raise ValueError(f"k must be a positive integer, got {k!r}")
-    if isinstance(model, Replay) and (draft is not None or cost is None):
-        raise ValueError("a Replay runs without a draft, on a clock (cost): it has no steps to time")
-    if draft is not None and (cost is None) != (draft_cost is None):
-        raise ValueError("cost and draft_cost go together: both clocks, or neither (the measured clock)")
+    if not (is_number(batch_wait) and 0 <= batch_wait < math.inf):
+        raise ValueError(f"batch_wait must be seconds >= 0, got {batch_wait!r}")
+    check_count(k, "k")
+    if isinstance(model, Replay) and (draft is not None or clock is None):
+        raise ValueError("a Replay runs without a draft, on a clock: it has no steps to time")
+    if draft is not None:
+        check_step(draft, "draft")
+        if (clock is None) != (draft_clock is None):
+            raise ValueError("clock and draft_clock go together: both clocks, or neither (the measured clock)")
     if max_tokens is not None:
-        longest = max((r.n_new for r in trace), default=0)
-        if not is_int(max_tokens) or max_tokens < max(longest, 1):
-            raise ValueError(f"max_tokens must be an integer at least every request's n_new ({longest}), "
-                             f"got {max_tokens!r}")
-    return Server(model, trace, num_blocks, policy, block_size, temperature, window, max_tokens, cost, draft, k,
-                  draft_cost).run()
+        check_count(max_tokens, "max_tokens", max((r.n_new for r in trace), default=1))  # every request's n_new
+    return Server(model, trace, num_blocks, policy, block_size, temperature, batch_wait, max_tokens, clock, draft, k,
+                  draft_clock).run()
 
 
 class Server:
     """The state of one `serve` run; `run` is the step loop."""
 
-    def __init__(self, model, trace, num_blocks, policy, block_size, temperature, window, max_tokens, cost,
-                 draft, k, draft_cost):
-        self.engine = model if isinstance(model, Replay) else BatchedModel(model)
-        cfg = self.engine.cfg
+    def __init__(self, model, trace, num_blocks, policy, block_size, temperature, batch_wait, max_tokens, clock,
+                 draft, k, draft_clock):
+        cfg = model.cfg
         sharing = policy.prefix_caching and policy.reserve == "paged"
-        self.pool = (model.new_pool(num_blocks, block_size, sharing) if isinstance(model, Replay)
-                     else PagedKVCache(cfg, num_blocks, block_size, sharing))
-        self.temperature, self.window, self.k, self.cost, self.draft_cost = temperature, window, k, cost, draft_cost
+        if isinstance(model, Replay):  # recorded logits on a pool of block tables
+            self.engine, self.pool = model, model.new_pool(num_blocks, block_size, sharing)
+        else:
+            self.engine, self.pool = BatchedModel(model), PagedKVCache(cfg, num_blocks, block_size, sharing)
+        self.temperature, self.batch_wait, self.k = temperature, batch_wait, k
+        self.clock, self.draft_clock = clock, draft_clock
         outcomes = {r.rid: Outcome(r) for r in trace}
         if len(outcomes) != len(trace):
             raise ValueError("request ids in a trace must be unique")
         self.rngs = {r.rid: np.random.default_rng(r.rid) for r in trace}  # kept across preemptions
         for r in trace:
             check_tokens(r.prompt, cfg)
-            if not is_int(r.n_new) or r.n_new < 1:
-                raise ValueError(f"request {r.rid}: n_new must be a positive integer, got {r.n_new!r}")
+            check_count(r.n_new, f"request {r.rid}: n_new")
             length = policy.answer_length(r, max_tokens)
             outcomes[r.rid].rejected = rejection_reason(r, cfg, num_blocks, block_size, length)
         self.draft = BatchedModel(draft) if draft is not None else None
@@ -104,7 +104,7 @@ class Server:
                 self.now = s.arrivals[0].arrival  # idle till the next one
                 continue
             if s.policy.batching == "static" and not s.running:
-                due = s.batch_due(self.now, self.window)
+                due = s.batch_due(self.now, self.batch_wait)
                 if due is not None:
                     self.now = due
                     continue
@@ -114,7 +114,7 @@ class Server:
                 live.k = min(self.k, live.remaining - 1) if drafting else 0
             s.schedule()
             seconds, batch, finished = self._step()
-            if self.cost is None:  # measured: this iteration's time
+            if self.clock is None:  # measured: this iteration's time
                 seconds = time.perf_counter() - tick
             self.now += seconds
             self._record(seconds, batch, finished)
@@ -126,7 +126,7 @@ class Server:
 
     def _forget(self, live) -> None:
         """What the scheduler's release leaves to the server: the clocks' and the draft's state."""
-        for clock in (self.cost, self.draft_cost):
+        for clock in (self.clock, self.draft_clock):
             if clock is not None:
                 clock.free(live.rid)
         if live.draft_seq is not None:
@@ -141,8 +141,8 @@ class Server:
         feeds = [[l.outcome.tokens[-1]] + drafted.get(l, []) if f is None else f for l, f in zip(batch, feeds)]
         starts = [live.seq.n for live in batch]
         logits = self.engine.feed([live.seq for live in batch], feeds)
-        if self.cost is not None:
-            seconds += self.cost([(l.rid, len(f), s) for l, f, s in zip(batch, feeds, starts)])
+        if self.clock is not None:
+            seconds += self.clock([(l.rid, len(f), s) for l, f, s in zip(batch, feeds, starts)])
         self.steps += 1
         self.prefilled += sum(len(f) for l, f in zip(batch, feeds) if l.pending)
         finished = []
@@ -177,11 +177,11 @@ class Server:
                     feeds.append([drafted[live][-1]])
             starts = [live.draft_seq.n for live in group]
             logits = self.draft.feed([live.draft_seq for live in group], feeds)
-            if self.draft_cost is not None:
-                seconds += self.draft_cost([(l.rid, len(f), s) for l, f, s in zip(group, feeds, starts)])
+            if self.draft_clock is not None:
+                seconds += self.draft_clock([(l.rid, len(f), s) for l, f, s in zip(group, feeds, starts)])
             for live, rows in zip(group, logits):
                 q = probs_from_logits(rows[-1], self.temperature)  # (V,)
-                x = int(np.argmax(q)) if self.temperature == 0 else draw(q, self.rngs[live.rid])
+                x = int(np.argmax(q)) if self.temperature == 0 else sample(q, self.rngs[live.rid])
                 drafted[live].append(x)
                 qs[live].append(q)
         return seconds, drafted, qs

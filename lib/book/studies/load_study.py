@@ -103,8 +103,8 @@ def gpu_ladder(target, n: int = 300, fraction: float = 0.7, out=print) -> dict:
     t1 = clock.decode(1, context)
     slo = {name: steps * t1 for name, steps in SLO_STEPS.items()}
     requests = make_trace(**{**trace, "rate": rate})
-    good = {name: serve(replay, requests, clock.blocks(), policy, cost=clock, max_tokens=trace["n_new"][1],
-                        window=4 * t1).goodput(**slo) for name, policy in LADDER.items()}
+    good = {name: serve(replay, requests, clock.blocks(), policy, clock=clock, max_tokens=trace["n_new"][1],
+                        batch_wait=4 * t1).goodput(**slo) for name, policy in LADDER.items()}
     out(f"H100 clock (Llama-3-8B, {clock.efficiency:.2f} of the data-sheet bandwidth), {n} requests at {rate} "
         f"requests/s: goodput " + ", ".join(f"{k} {v:.0f}" for k, v in good.items()))
     return good
@@ -135,17 +135,17 @@ def load_study(target, draft, big_clock, small_clock, k: int = 4, out=print) -> 
     mean_new = float(np.mean([r.n_new for r in sample]))
     mean_prompt = float(np.mean([len(r.prompt) for r in sample]))  # after the shared system prompt, cached
     rates = load_rates(big_clock, mean_new, LOAD_FRACTIONS)
-    ladder = sweep_rates(lean, LADDER, rates, trace, LOAD_BLOCKS, cost=big_clock, max_tokens=max_tokens,
-                         window=4 * t1)
+    ladder = sweep_rates(lean, LADDER, rates, trace, LOAD_BLOCKS, clock=big_clock, max_tokens=max_tokens,
+                         batch_wait=4 * t1)
     spec_rates = load_rates(big_clock, mean_new, SPEC_FRACTIONS)
     spec = {"plain": SPEC_POLICY, "speculative": dict(policy=SPEC_POLICY, draft=LeanModel(*draft), k=k)}
     spec_trace = dict(trace, n=SPEC_REQUESTS)
-    specs = sweep_rates(lean, spec, spec_rates, spec_trace, SPEC_BLOCKS, cost=big_clock, draft_cost=small_clock,
+    specs = sweep_rates(lean, spec, spec_rates, spec_trace, SPEC_BLOCKS, clock=big_clock, draft_clock=small_clock,
                         max_tokens=max_tokens)
     exact = True
     for t, policies, runs, rs in ((trace, LADDER, ladder, rates), (spec_trace, spec, specs, spec_rates)):
         for rate in rs:
-            solo = {r.rid: generate(*target, r.prompt, r.n_new, step=lean).tokens.tolist()
+            solo = {r.rid: generate(lean, r.prompt, r.n_new).tokens.tolist()
                     for r in make_trace(**{**t, "rate": float(rate)})}
             for rep in (runs[n][rate] for n in policies):
                 m = rep.pool.manager

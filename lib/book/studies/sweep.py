@@ -12,7 +12,7 @@ import numpy as np
 
 from lib.generation import generate
 from lib.measure.counting import cached_call
-from lib.model import cached_step, forward
+from lib.model import forward
 from lib.sampling import probs_from_logits
 from lib.speculative import expected_speedup, expected_tokens_per_call, speculative_generate
 from lib.timing import interleaved_speedups, paired_times
@@ -30,7 +30,7 @@ def call_costs(model, sizes, position: int = 64, repeats: int = 9) -> dict:
     """V(T): the time of a T-token call after `position` cached tokens over a one-token call,
     each the median ratio of back-to-back pairs with a one-token call: {T: ratio}, and under key 0
     the one-token call's seconds (the median of its timings in the first pairs)."""
-    cfg = cached_step(model)[0]
+    cfg = model.cfg
     one = cached_call(model, cfg, position)
     costs = {1: 1.0}
     for T in sizes:
@@ -42,8 +42,8 @@ def call_costs(model, sizes, position: int = 64, repeats: int = 9) -> dict:
 
 def draft_cost_ratio(target, draft, position: int = 64, repeats: int = 9) -> float:
     """c: a one-token draft call over a one-token target call, the median ratio of back-to-back pairs."""
-    return _median_ratio(cached_call(target, cached_step(target)[0], position),
-                          cached_call(draft, cached_step(draft)[0], position), repeats)[1]
+    return _median_ratio(cached_call(target, target.cfg, position),
+                          cached_call(draft, draft.cfg, position), repeats)[1]
 
 
 def acceptance_on_text(target, draft, tokens, temperatures, chunk: int = 512) -> dict:
@@ -94,10 +94,9 @@ def k_sweep(target, drafts: dict, prompts, n_new: int, ks, temperature: float, r
     identical (temperature 0: the target-only tokens), speedup (the ratios' median)}}, all but the
     ratios from the first repeat's runs. The runs are timed interleaved: baseline, every draft at
     k1, baseline, every draft at k2, ..., baseline (`lib.timing.interleaved_speedups`)."""
-    cfg = cached_step(target)[0]
 
     def baseline():
-        return [generate(None, cfg, p, n_new, temperature, seed=i, step=target).tokens for i, p in enumerate(prompts)]
+        return [generate(target, p, n_new, temperature, seed=i).tokens for i, p in enumerate(prompts)]
 
     def speculative(draft, k):
         return [speculative_generate(target, draft, p, n_new, k=k, temperature=temperature, seed=i)
@@ -118,9 +117,9 @@ def k_sweep(target, drafts: dict, prompts, n_new: int, ks, temperature: float, r
 
 def predictions(rows: dict, c, costs: dict) -> None:
     """Add to each sweep row Theorem 3.8 (V = 1: a (k+1)-token call costs one token's) and the same
-    with the measured c and V(k+1) (`with_verify`), from the row's measured alpha. c: one value,
+    with the measured c and V(k+1) (`with_call_cost`), from the row's measured alpha. c: one value,
     or {draft name: c}."""
     for (name, k), row in rows.items():
         c_draft = c[name] if isinstance(c, dict) else c
         row["theorem"] = expected_speedup(row["alpha"], k, c_draft)
-        row["with_verify"] = expected_speedup(row["alpha"], k, c_draft, verify=costs[k + 1])
+        row["with_call_cost"] = expected_speedup(row["alpha"], k, c_draft, call_cost=costs[k + 1])
