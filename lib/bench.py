@@ -25,7 +25,7 @@ from lib.measure.clocks import fit_clock
 from lib.measure.costmodel import Predictions, describe, h100_line, lean_builder, plain_builder, predict, predict_calls
 from lib.measure.counting import cached_call, numpy_calls_per_step, step_counts
 from lib.measure.standins import STANDINS, StandInStep, standin, weight_bytes
-from lib.model import cached_step, init_params, load
+from lib.model import Model, init_params, load
 from lib.speculative import expected_speedup
 from lib.timing import matmul_gflops, median_time, memory_gbps, paired, single_thread
 
@@ -99,7 +99,7 @@ class Bench:
         self.target, self.draft = load("target"), load("draft")
         (self.tp, self.tcfg), (self.dp, self.dcfg) = self.target, self.draft
         self.lean_t, self.lean_d = LeanModel(self.tp, self.tcfg), LeanModel(self.dp, self.dcfg)
-        self.plain_t = cached_step(self.target)[1]
+        self.plain_t = Model(*self.target)
 
 
 def card_section(out, recalibrate: bool):
@@ -132,7 +132,7 @@ def decode_section(b: Bench) -> list:
         b.pred.add("decode step, lean", f"position {pos}", pb.seconds, c, pb)
         out(f"  position {pos:3d}                         {a * 1e3:7.3f}  {c * 1e3:7.3f}   {ratio:6.2f}"
             f"               {pa.seconds * 1e3:7.3f}  {pb.seconds * 1e3:7.3f}")
-    calls_plain = numpy_calls_per_step(lambda p: cached_step((p, tcfg))[1], tp, tcfg, 128)
+    calls_plain = numpy_calls_per_step(lambda p: Model(p, tcfg), tp, tcfg, 128)
     calls_lean = numpy_calls_per_step(lambda p: LeanModel(p, tcfg), tp, tcfg, 128)
     out(f"  numpy calls per step                    {calls_plain:5d}    {calls_lean:5d}")
     tiny = paired(cached_call(LeanModel(tp, tcfg, "numpy"), tcfg, 128), cached_call(b.lean_t, tcfg, 128))[2]
@@ -156,9 +156,9 @@ def prefill_section(b: Bench) -> list:
         out(f"  {n:3d} tokens (plain path)             {one * 1e3:7.2f}   {each * 1e3:8.2f}  {each / one:5.1f}x   "
             f"{pa.seconds * 1e3:7.2f}")
     prompt = held_out_prompts(1)[0]
-    t_none = median_time(lambda: generate(tp, tcfg, prompt, 256, use_cache=False), repeats=1, warmup=0)
-    t_plain = median_time(lambda: generate(tp, tcfg, prompt, 256), repeats=3, warmup=1)
-    t_lean = median_time(lambda: generate(tp, tcfg, prompt, 256, step=b.lean_t), repeats=3, warmup=1)
+    t_none = median_time(lambda: generate(Model(tp, tcfg), prompt, 256, use_cache=False), repeats=1, warmup=0)
+    t_plain = median_time(lambda: generate(Model(tp, tcfg), prompt, 256), repeats=3, warmup=1)
+    t_lean = median_time(lambda: generate(b.lean_t, prompt, 256), repeats=3, warmup=1)
     out(f"\n256-token greedy generation: no cache {t_none:.3f} s, plain cache {t_plain:.3f} s, lean cache "
         f"{t_lean:.3f} s ({t_none / t_lean:.0f}x and {t_plain / t_lean:.1f}x faster)")
     return []
