@@ -71,14 +71,16 @@ class GPUClock:
 
     def breakdown(self, tokens: int, kv_bytes: float, pairs: float) -> dict:
         """A step of `tokens` new tokens whose attention reads `kv_bytes` of K/V and scores `pairs`
-        (token, position) pairs: its seconds, what it reads and computes, its MBU and MFU, and which
-        roof bounds its weight products."""
+        (token, position) pairs: its seconds and their two terms, what it reads and computes, its MBU
+        and MFU, and which roof bounds its weight products."""
         weights = self.spec.weight_bytes(self.dtype, batch=tokens)
         flops, attention_flops = 2 * self.params_per_token * tokens, self.flops_per_pair * pairs
         charged = 2 * self.params_per_token * math.ceil(tokens / self.tile) * self.tile  # whole tiles of rows
         seconds = self.seconds(weights, charged, kv_bytes, attention_flops)
         read, compute = self.bandwidth_share * self.gpu.bandwidth, self.flops_share * self.gpu.flops
-        return {"seconds": seconds, "weights": weights, "kv": kv_bytes, "flops": flops + attention_flops,
+        products, attention = max(weights / read, charged / compute), max(kv_bytes / read, attention_flops / compute)
+        return {"seconds": seconds, "products": products, "attention": attention,
+                "weights": weights, "kv": kv_bytes, "flops": flops + attention_flops,
                 "mbu": (weights + kv_bytes) / seconds / self.gpu.bandwidth,
                 "mfu": (flops + attention_flops) / seconds / self.gpu.flops,
                 "bound": "compute" if charged / compute > weights / read else "memory"}
