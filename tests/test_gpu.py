@@ -50,6 +50,7 @@ def test_the_fitted_clock():
     assert clock.decode_step(16, 200) < 1.05 * clock.decode_step(1, 200)  # weights dominate: 16 cost about 1
     assert clock([(0, 1, 199)]) == pytest.approx(clock.decode_step(1, 200))  # rows and (batch, context) agree
     assert clock([(i, 1, 99) for i in range(4)]) == pytest.approx(clock.decode_step(4, 100))
+    assert clock([(i, 5, 95) for i in range(4)]) == pytest.approx(clock.decode_step(4, 100, new=5))  # a verification
     assert clock([(0, 2000, 0)]) > 2 * clock.decode_step(1, 200)  # a long prompt is compute-bound
     assert clock.prefill_seconds(2000) == pytest.approx(clock([(0, 2000, 0)]))
     assert clock.blocks() == int(kv_budget(H100, LLAMA_3_8B.weight_bytes(), UTILIZATION) // (16 * 131072))
