@@ -1,18 +1,17 @@
 """The cost model's arithmetic: a prediction is the sum its docstring states, with the constants
-given; interpolation stays between the measured points; the GPU formula is the roofline's."""
+given; interpolation stays between the measured points. (The GPU's step is tests/test_gpu.py.)"""
 import math
 
 import pytest
 
-from lib.gpu.memory import GPU, H100, from_hf_config
 from lib.measure.card import cache_sizes, measure
-from lib.measure.costmodel import Machine, predict, predict_decode
+from lib.measure.costmodel import Machine, predict
 from lib.measure.counting import Op
 
 LEVELS = (256 * 2**10, 16 * 2**20, 256 * 2**20)
 MACHINE = Machine(
     call=1e-6, engine_call={"lean": 2e-6, "plain": 3e-6},
-    ladder=((2**10, 100e9), (2**20, 50e9), (2**30, 10e9)),
+    read_rates=((2**10, 100e9), (2**20, 50e9), (2**30, 10e9)),
     rates={**{(p, r, s): r * 10e9 / (1 + LEVELS.index(s)) for p in ("numpy", "kernel") for r in range(1, 16) for s in LEVELS},
            **{("numpy", r, LEVELS[0]): r * 10e9 for r in (16, 64, 512)}},
     per_element={"multiply": 1e-9, "exp": 4e-9, "add.reduce": 2e-9})
@@ -54,37 +53,13 @@ def test_prediction_is_the_sum_of_calls_and_each_ops_roofline():
     assert predict(ops, MACHINE).parts["calls"] == 4 * 1e-6  # a bare numpy call without a path
 
 
-def test_h100_decode_is_the_larger_of_reading_and_computing():
-    llama = from_hf_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                            "hidden_size": 4096}, "Llama-3-8B", 8.03e9)
-    one = predict_decode(llama, H100, batch=1, context=1024)
-    assert one["bound"] == "memory"
-    assert one["seconds"] == pytest.approx((8.03e9 * 2 + 131072 * 1024) / 3.35e12)
-    big = predict_decode(llama, GPU("slow math", 80e9, 3.35e12, 1e12), batch=64, context=16)
-    assert big["bound"] == "compute" and big["seconds"] == pytest.approx(2 * 8.03e9 * 64 / 1e12)
-
-
-def test_h100_decode_reads_what_its_tokens_use():
-    """A mixture of experts at batch 1 reads and computes with its routed experts only; the
-    embedding's rows are gathered, not read."""
-    moe = from_hf_config({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "vocab_size": 100,
-                          "tie_word_embeddings": False, "num_local_experts": 8, "num_experts_per_tok": 2,
-                          "intermediate_size": 32}, "moe", 1e6)
-    experts = 2 * 8 * 3 * 64 * 32  # layers x experts x 3 matrices of hidden x intermediate
-    used = 1e6 - 100 * 64 - experts * 6 / 8  # one token: 2 of 8 experts, no embedding
-    one = predict_decode(moe, H100, batch=1, context=1)
-    assert one["weights"] == pytest.approx(2 * used)
-    assert one["compute"] == pytest.approx(2 * used / H100.flops)
-    assert predict_decode(moe, H100, batch=64, context=1)["weights"] > one["weights"]  # more experts touched
-
-
 def test_cache_sizes_are_bytes():
     assert all(isinstance(v, int) and v > 0 for v in cache_sizes().values())
 
 
 def test_calibration_gives_finite_positive_constants():
     machine = measure()
-    values = [machine.call, *machine.engine_call.values(), *(bw for _, bw in machine.ladder),
+    values = [machine.call, *machine.engine_call.values(), *(bw for _, bw in machine.read_rates),
               *machine.rates.values(), *machine.per_element.values()]
     assert all(math.isfinite(v) and v >= 0 for v in values)
     assert {p for p, _, _ in machine.rates} == {"numpy", "one-row batch", "kernel"}

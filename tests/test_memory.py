@@ -5,7 +5,7 @@ import pytest
 
 from lib.cache.kv_cache import KVCache
 from lib.config import DRAFT, TARGET, ModelConfig
-from lib.gpu.memory import GPU, H100, KVSpec, expected_experts, from_hf_config, from_model_config, kv_budget, step_seconds
+from lib.gpu.memory import GPU, H100, UTILIZATION, KVSpec, expected_experts, from_hf_config, from_model_config, kv_budget
 from lib.gpu.models import LLAMA_2_7B, LLAMA_3_8B, REAL_MODELS
 
 GIB, KIB = 2**30, 2**10
@@ -51,8 +51,6 @@ def test_reads_sliding_window_layer_types(tmp_path):
 def test_bad_inputs():
     with pytest.raises(ValueError, match="lacks 'hidden_size'"):
         from_hf_config({"num_hidden_layers": 2, "num_attention_heads": 4})
-    with pytest.raises(ValueError, match="unknown dtype 'fp16'"):
-        REAL_MODELS[0].kv_bytes(10, dtype="fp16")
     with pytest.raises(ValueError, match="layer_types has 1 entries for 2 layers"):
         from_hf_config({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 8, "layer_types": ["x"]})
 
@@ -82,8 +80,6 @@ def test_max_tokens_inverts_kv_bytes():
                 assert m.kv_bytes(t, batch) <= budget < m.kv_bytes(t + 1, batch)
     assert by_name["Qwen3-8B"].max_tokens(-1.0) == -1
     assert by_name["Qwen3-8B"].max_tokens(144 * KIB * 10) == 10
-    with pytest.raises(ValueError, match="budget must be a finite number"):
-        by_name["Qwen3-8B"].max_tokens(float("inf"))
 
 
 def test_tensor_parallel_shares():
@@ -92,16 +88,12 @@ def test_tensor_parallel_shares():
     assert qwen.per_gpu(8).n_kv_head == 1 and qwen.per_gpu(16).n_kv_head == 1  # replicated beyond 8
     deepseek = next(m for m in REAL_MODELS if m.name == "DeepSeek-V3")
     assert deepseek.per_gpu(8).bytes_per_token() == deepseek.bytes_per_token()  # the latent is on every GPU
-    with pytest.raises(ValueError, match="tp=3 must divide the 8 KV heads"):
-        qwen.per_gpu(3)
 
 
-def test_gpu_budget_and_step_time():
+def test_gpu_budget():
     assert kv_budget(H100, 16e9, 0.9, 2e9) == pytest.approx(81559 * 2**20 * 0.9 - 18e9)
+    assert kv_budget(H100, 16e9) == kv_budget(H100, 16e9, UTILIZATION) and UTILIZATION == 0.9  # vLLM's default
     assert kv_budget(H100, 100e9) < 0
-    assert step_seconds(H100, 16e9, 4e9) == pytest.approx(20e9 / 3.35e12)
-    with pytest.raises(ValueError, match="utilization must be in"):
-        kv_budget(H100, 1e9, 1.5)
     with pytest.raises(ValueError, match="GPU.bandwidth must be"):
         GPU("x", 1e9, 0, 1e12)
 
@@ -113,8 +105,6 @@ def test_expected_experts_touched():
     rng = np.random.default_rng(0)  # the formula against uniform routing, simulated
     draws = [len({int(e) for _ in range(16) for e in rng.choice(32, 4, replace=False)}) for _ in range(2000)]
     assert np.mean(draws) == pytest.approx(expected_experts(32, 4, 16), abs=0.1)  # std error ~0.04
-    with pytest.raises(ValueError, match="active=5 routed experts per token exceeds experts=4"):
-        expected_experts(4, 5, 1)
 
 
 def test_a_step_reads_neither_gathered_rows_nor_idle_experts():

@@ -1,6 +1,6 @@
 """How much memory the KV cache takes: the formula and a reader of Hugging Face `config.json` files
 (the real models the book prices are in `lib.gpu.models`); and what a decode step reads of the
-weights, and what fits on one GPU.
+weights, and what fits on one GPU (the step's time is `lib.gpu.step`).
 
 bytes = batch x sum over layers of (2 x KV heads x head dim x cached positions x bytes per element)
 
@@ -12,8 +12,7 @@ kv_lora_rank + qk_rope_head_dim values per layer and position instead of K and V
 
 Around the formula: the multi-head baseline of a model (every query head its own K/V head), the
 share of each GPU under tensor parallelism (K/V heads split across GPUs, replicated when there
-are more GPUs than heads), what fits beside the weights on one GPU, and how long a decode step
-takes when it only has to read its bytes. A step reads every weight but two kinds: the rows of an
+are more GPUs than heads), and what fits beside the weights on one GPU. A step reads every weight but two kinds: the rows of an
 untied input embedding are gathered, not read whole (a tied one is read by the output head), and
 of a mixture-of-experts layer (Shazeer et al. 2017; Fedus et al. 2022) only the experts its
 tokens were routed to: k of E per token, so E x (1 - (1 - k/E)^B) of them for B tokens when
@@ -23,8 +22,6 @@ routing is uniform and independent (what load balancing aims at).
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-import numpy as np
 
 from lib.checks import check_count, is_number
 from lib.config import ModelConfig, is_int
@@ -67,7 +64,8 @@ class KVSpec:
             if w is not None:
                 check_count(w, "KVSpec.windows entry (a sliding window)", 1)
         for name in ("n_params", "embedding", "expert_params"):
-            _check_bytes(f"KVSpec.{name}", getattr(self, name), "a finite number >= 0")
+            if not is_number(getattr(self, name)) or not 0 <= getattr(self, name) < float("inf"):
+                raise ValueError(f"KVSpec.{name} must be a finite number >= 0, got {getattr(self, name)!r}")
         if self.embedding + self.expert_params > self.n_params:
             raise ValueError(f"KVSpec.embedding + expert_params ({self.embedding + self.expert_params:.4g}) exceed "
                              f"n_params ({self.n_params:.4g}): both are parts of the model's parameters")
@@ -77,7 +75,6 @@ class KVSpec:
 
     def positions(self, tokens: int) -> list:
         """Cached positions per layer for a sequence of `tokens`."""
-        check_count(tokens, "tokens", 0)
         return [tokens if w is None else min(tokens, w) for w in self.windows]
 
     def values_per_position(self) -> int:
@@ -86,7 +83,6 @@ class KVSpec:
 
     def kv_bytes(self, tokens: int, batch: int = 1, dtype: str = "bfloat16") -> float:
         """Bytes of K and V for `batch` sequences of `tokens` each."""
-        check_count(batch, "batch", 1)
         return batch * self.values_per_position() * dtype_bytes(dtype) * sum(self.positions(tokens))
 
     def bytes_per_token(self, dtype: str = "bfloat16") -> float:
@@ -96,10 +92,6 @@ class KVSpec:
     def max_tokens(self, budget: float, batch: int = 1, dtype: str = "bfloat16"):
         """The longest sequence length whose cache for `batch` sequences fits in `budget` bytes
         (-1 if not even an empty one does; None if any length fits, every layer being windowed)."""
-        if not is_number(budget) or not np.isfinite(budget):
-            raise ValueError(f"budget must be a finite number of bytes, got {budget!r}")
-        check_count(batch, "batch", 1)
-        dtype_bytes(dtype)
         if budget < 0:
             return -1
         if self.bytes_per_token() == 0 and self.kv_bytes(max(self.windows), batch, dtype) <= budget:
@@ -117,11 +109,8 @@ class KVSpec:
 
     def per_gpu(self, tp: int) -> "KVSpec":
         """One GPU's share under `tp`-way tensor parallelism: n_kv_head / tp K/V heads each, or
-        one head (replicated) when tp exceeds them; an MLA latent serves every head and is whole
-        on every GPU."""
-        check_count(tp, "tp", 1)
-        if (self.n_kv_head % tp) if tp <= self.n_kv_head else (tp % self.n_kv_head):
-            raise ValueError(f"tp={tp} must divide the {self.n_kv_head} KV heads or be a multiple of them")
+        one head (replicated) when tp exceeds them (tp divides the heads or is a multiple of them); an
+        MLA latent serves every head and is whole on every GPU."""
         weights = dict(n_params=self.n_params / tp, embedding=self.embedding / tp, expert_params=self.expert_params / tp)
         if self.latent:
             return replace(self, **weights)
@@ -132,7 +121,6 @@ class KVSpec:
         """Bytes of the weights, the routed experts in `expert_dtype` ('' for `dtype`): as stored
         (batch 0), or as one decode step of `batch` sequences reads them: without the gathered
         embedding rows, and of the routed experts the expected share its tokens were sent to."""
-        check_count(batch, "batch", 0)
         per_expert_param = dtype_bytes(dtype if expert_dtype == "" else expert_dtype)
         share = expected_experts(self.experts, self.active, batch) / self.experts if batch and self.experts else 1.0
         dense = self.n_params - self.expert_params - (self.embedding if batch else 0)
@@ -142,11 +130,6 @@ class KVSpec:
 def expected_experts(experts: int, active: int, tokens: int) -> float:
     """Distinct experts of one MoE layer that `tokens` tokens are routed to, in expectation, when
     each token picks `active` of `experts` uniformly and independently: E x (1 - (1 - k/E)^B)."""
-    check_count(experts, "experts", 1)
-    check_count(active, "active", 1)
-    check_count(tokens, "tokens", 0)
-    if active > experts:
-        raise ValueError(f"active={active} routed experts per token exceeds experts={experts}")
     return experts * (1 - (1 - active / experts) ** tokens)
 
 
@@ -172,39 +155,18 @@ H100 = GPU("H100 SXM", 81559 * 2**20, 3.35e12, 989e12,
            "NVIDIA H100 Tensor Core GPU data sheet (3.35 TB/s HBM3, 989 TFLOP/s dense BF16); 81,559 MiB per nvidia-smi")
 
 
-def kv_budget(gpu: GPU, weight_bytes: float, utilization: float = 0.9, workspace: float = 0.0) -> float:
-    """Bytes left for the KV cache on one GPU: the share of its memory the engine may use (vLLM's
-    gpu_memory_utilization: 0.92 by default in recent releases, 0.9 before and here), less the
+UTILIZATION = 0.9  # the share of GPU memory vLLM's engine may use: gpu_memory_utilization, 0.9 by default
+# (vLLM's engine arguments; 0.92 in recent releases): the book's one memory share
+
+
+def kv_budget(gpu: GPU, weight_bytes: float, utilization: float = UTILIZATION, workspace: float = 0.0) -> float:
+    """Bytes left for the KV cache on one GPU: the share of its memory the engine may use, less the
     weights it holds and the workspace of activations and buffers. Negative when the weights alone
     do not fit."""
-    if not isinstance(gpu, GPU):
-        raise TypeError(f"gpu must be a lib.gpu.memory.GPU, got {type(gpu).__name__}")
-    if not is_number(utilization) or not 0 < utilization <= 1:
-        raise ValueError(f"utilization must be in (0, 1], got {utilization!r}")
-    _check_bytes("weight_bytes", weight_bytes)
-    _check_bytes("workspace", workspace)
     return gpu.memory * utilization - weight_bytes - workspace
 
 
-def step_seconds(gpu: GPU, weight_bytes: float, kv_bytes: float) -> float:
-    """The floor on one decode step's time: the weight bytes the step reads (`KVSpec.weight_bytes`
-    with its batch) and every cached K/V byte, once each at the GPU's memory bandwidth (chapters
-    2 and 12 measure when a step reaches it)."""
-    if not isinstance(gpu, GPU):
-        raise TypeError(f"gpu must be a lib.gpu.memory.GPU, got {type(gpu).__name__}")
-    _check_bytes("weight_bytes", weight_bytes)
-    _check_bytes("kv_bytes", kv_bytes)
-    return (weight_bytes + kv_bytes) / gpu.bandwidth
-
-
-def _check_bytes(name: str, value, what: str = "a finite number of bytes >= 0") -> None:
-    if not is_number(value) or not 0 <= value < float("inf"):
-        raise ValueError(f"{name} must be {what}, got {value!r}")
-
-
 def dtype_bytes(dtype: str) -> float:
-    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
     return DTYPE_BYTES[dtype]
 
 

@@ -48,3 +48,6 @@ LLAMA_3_8B = from_hf_config({"num_hidden_layers": 32, "num_attention_heads": 32,
                              "hidden_size": 4096, "vocab_size": 128256, "tie_word_embeddings": False},
                             "Llama-3-8B", 8.03e9,
                             "https://huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json")
+# The parameters a Llama-3.1-8B decode step reads: all 8.03e9 but the input embedding (128,256 x
+# 4,096), whose rows are gathered, not read (torchao's model size counts the same: 15.01 GB in bf16).
+LLAMA_READ_PARAMS = LLAMA_3_8B.weight_bytes("bfloat16", batch=1) / 2

@@ -2,7 +2,7 @@
 
 A scheduler's schedule depends on how long its steps take. `serve` can time each step as it
 runs (the measured clock); it can also ask a clock what a step costs, given its rows as
-(sequence, new tokens, cached positions before the step). Two clocks are here:
+(sequence, new tokens, cached positions before the step; `serve` checks them). Two clocks are here:
 
 - `FittedClock`, fitted to steps timed now: the step of one sequence fed n tokens, interpolated
   between measured n, plus a cost per further sequence. On it the same trace gives the same
@@ -11,11 +11,7 @@ runs (the measured clock); it can also ask a clock what a step costs, given its 
   same cache lengths, on another model (a cost stand-in of realistic size, `lib.measure.standins`),
   and timed. The served model still makes every decision (its tokens), as in
   `lib.measure.standins.StandInStep`; the times are those of the larger model.
-- `GPUClock`, a GPU's step from its data sheet (the arithmetic of
-  `lib.measure.costmodel.predict_decode`, per row): the weights read once per step, each sequence's
-  K/V read at its own context, both at an achieved share of the data-sheet bandwidth, against the
-  step's FLOPs at the compute roof, plus a fixed cost per step. `gpu_clock` takes the share from one
-  published measurement (torchao's Llama-3.1-8B decode at batch 1 on an H100).
+(A GPU's clock, from its data sheet and published measurements, is `lib.gpu.step.GPUClock`.)
 
 Decode of B sequences costs t(B) = t1(B) + (B - 1) x per_seq: one weight read shared by all rows
 (Pope et al. 2022, "Efficiently Scaling Transformer Inference"), B times the arithmetic, and each
@@ -28,24 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from lib.cache.paged import PagedKVCache
-from lib.checks import check_count, is_number
-from lib.config import is_int
 from lib.fast.batch import BatchedModel
-from lib.gpu.memory import GPU, H100, KVSpec, dtype_bytes, kv_budget
-from lib.gpu.models import LLAMA_3_8B
 from lib.measure.counting import batched_call
 from lib.timing import median_time
-
-
-def check_rows(rows) -> list:
-    """rows: a non-empty list of (sequence key, new tokens >= 1, cached positions >= 0)."""
-    if not isinstance(rows, (list, tuple)) or not rows:
-        raise ValueError(f"rows must be a non-empty list of (key, new tokens, cached positions), got {rows!r}")
-    for row in rows:
-        if (not isinstance(row, tuple) or len(row) != 3 or not is_int(row[1]) or row[1] < 1
-                or not is_int(row[2]) or row[2] < 0):
-            raise ValueError(f"each row is (key, new tokens >= 1, cached positions >= 0), got {row!r}")
-    return list(rows)
 
 
 @dataclass(frozen=True)
@@ -57,11 +38,6 @@ class FittedClock:
     per_seq: float
     decode_times: tuple = ()  # (B, seconds) of the decode steps measured for the fit
 
-    def __post_init__(self):
-        t = np.asarray(self.tokens)
-        if len(t) < 2 or t[0] != 1 or np.any(np.diff(t) <= 0) or len(self.seconds) != len(t):
-            raise ValueError(f"tokens must increase from 1 with one time each, got {self.tokens} and {self.seconds}")
-
     def one(self, n: float) -> float:
         """One sequence fed n tokens."""
         t, s = self.tokens, self.seconds
@@ -70,10 +46,9 @@ class FittedClock:
         return float(s[-1] + (n - t[-1]) * (s[-1] - s[-2]) / (t[-1] - t[-2]))
 
     def __call__(self, rows) -> float:
-        rows = check_rows(rows)
         return self.one(sum(n for _, n, _ in rows)) + self.per_seq * (len(rows) - 1)
 
-    def decode(self, batch: int) -> float:
+    def decode_step(self, batch: int) -> float:
         """A decode step of `batch` sequences, one token each."""
         return self.one(batch) + self.per_seq * (batch - 1)
 
@@ -86,9 +61,8 @@ def fit_clock(model, positions, sizes=(1, 2, 4, 8, 16, 32), chunks=(2, 4, 8, 16,
     """Fit `FittedClock` to median times measured now (one BLAS thread is the caller's choice): one
     sequence at positions[0] fed n tokens for n in (1,) + chunks, and decode steps of B sequences
     at positions[:B]; per_seq is the least-squares slope of t(B) - t1(B) against B - 1. A count
-    measured faster than a smaller one (noise) takes the smaller one's time."""
-    if len(positions) < max(sizes):
-        raise ValueError(f"positions holds {len(positions)} sequences, sizes go up to {max(sizes)}")
+    measured faster than a smaller one (noise) takes the smaller one's time. `positions` holds one
+    cache length per sequence, at least max(sizes) of them."""
     engine = BatchedModel(model)
     time_of = lambda step: median_time(step, repeats=repeats, warmup=1)
     counts = sorted({1, *chunks, *sizes})
@@ -125,7 +99,6 @@ class StandInClock:
         return seq
 
     def __call__(self, rows) -> float:
-        rows = check_rows(rows)
         seqs = [self._at(key, start) for key, _, start in rows]
         feeds = [[1] * n for _, n, _ in rows]
         tick = time.perf_counter()
@@ -137,80 +110,6 @@ class StandInClock:
         seq = self.seqs.pop(key, None)
         if seq is not None:
             self.pool.free(seq)
-
-
-TORCHAO_STEP = 1 / 126.90  # seconds per token: torchao's quantization README (pytorch/ao, Oct 2024), Llama-3.1-8B
-# "Base (bfloat16)", 126.90 tokens/s on one H100 with torch.compile, batch 1, a 200-token generation
-STEP_OVERHEAD = 0.5e-3  # seconds per step beyond bytes and FLOPs (scheduling, sampling, launches): stated, not measured
-KEEP_ASIDE = 0.1  # share of GPU memory kept out of the K/V pool (vLLM v0's gpu_memory_utilization, 0.9; 0.92 in recent releases)
-
-
-class GPUClock:
-    """A serving step on a GPU from its data sheet, for a full-attention `KVSpec` in `dtype`.
-
-    seconds = overhead + max(bytes read / (efficiency x bandwidth),
-                             2 x parameters x tokens / (compute_efficiency x flops)):
-    the weights once per step (`KVSpec.weight_bytes` at the step's token count), every row's K/V at
-    its own context (cached positions + new tokens), the products' FLOPs at a share
-    `compute_efficiency` of the compute roof (1.0: the data sheet's peak; attention's FLOPs, a few
-    percent at these contexts, are left out)."""
-
-    def __init__(self, spec: KVSpec = LLAMA_3_8B, gpu: GPU = H100, efficiency: float = 1.0,
-                 overhead: float = STEP_OVERHEAD, dtype: str = "bfloat16", compute_efficiency: float = 1.0):
-        if not isinstance(spec, KVSpec) or any(w is not None for w in spec.windows) or spec.latent:
-            raise ValueError(f"spec must be a full-attention lib.gpu.memory.KVSpec, got {spec!r:.80}")
-        if not isinstance(gpu, GPU):
-            raise TypeError(f"gpu must be a lib.gpu.memory.GPU, got {type(gpu).__name__}")
-        if not (is_number(efficiency) and 0 < efficiency <= 1):
-            raise ValueError(f"efficiency must be a share of the bandwidth in (0, 1], got {efficiency!r}")
-        if not (is_number(compute_efficiency) and 0 < compute_efficiency <= 1):
-            raise ValueError(f"compute_efficiency must be a share of the FLOP/s in (0, 1], got {compute_efficiency!r}")
-        if not (is_number(overhead) and 0 <= overhead < math.inf):
-            raise ValueError(f"overhead must be seconds >= 0, got {overhead!r}")
-        self.spec, self.gpu, self.efficiency, self.overhead, self.dtype = spec, gpu, efficiency, overhead, dtype
-        self.per_position = spec.kv_bytes(1, 1, dtype)  # K/V bytes of one cached position, all layers
-        self.params_per_token = spec.weight_bytes(dtype, batch=1) / dtype_bytes(dtype)  # parameters a token's products use
-        self.read_rate = gpu.bandwidth * efficiency  # bytes/s achieved
-        self.compute_efficiency = compute_efficiency
-        self.flop_rate = gpu.flops * compute_efficiency  # FLOP/s achieved by the products
-
-    def step(self, tokens: int, positions: int) -> float:
-        """A step of `tokens` new tokens whose sequences hold `positions` positions in all after it."""
-        memory = (self.spec.weight_bytes(self.dtype, batch=tokens) + positions * self.per_position) / self.read_rate
-        compute = 2 * self.params_per_token * tokens / self.flop_rate
-        return self.overhead + max(memory, compute)
-
-    def __call__(self, rows) -> float:
-        rows = check_rows(rows)
-        return self.step(sum(n for _, n, _ in rows), sum(n + start for _, n, start in rows))
-
-    def decode(self, batch: int, context: int = 1024) -> float:
-        """A decode step of `batch` sequences, one token each, at `context` positions each."""
-        check_count(batch, "batch", 1)
-        check_count(context, "context", 1)
-        return self.step(batch, batch * context)
-
-    def blocks(self, block_size: int = 16, keep: float = KEEP_ASIDE) -> int:
-        """K/V blocks of `block_size` positions in the GPU's memory, less the share `keep` and the
-        weights as stored."""
-        check_count(block_size, "block_size", 1)
-        if not (is_number(keep) and 0 <= keep < 1):
-            raise ValueError(f"keep must be a share of memory in [0, 1), got {keep!r}")
-        free = kv_budget(self.gpu, self.spec.weight_bytes(self.dtype), utilization=1 - keep)
-        return max(int(free // (block_size * self.per_position)), 0)
-
-    def free(self, key) -> None:
-        """Nothing to release: the clock keeps no state."""
-
-
-def gpu_clock(spec: KVSpec = LLAMA_3_8B, gpu: GPU = H100, measured: float = TORCHAO_STEP, context: int = 200,
-              overhead: float = STEP_OVERHEAD) -> GPUClock:
-    """A `GPUClock` whose achieved bandwidth share makes its batch-1 step at `context` take `measured`
-    seconds (default: torchao's Llama-3.1-8B on an H100, `TORCHAO_STEP`)."""
-    if not (is_number(measured) and overhead < measured < math.inf):
-        raise ValueError(f"measured must be seconds longer than the overhead ({overhead}), got {measured!r}")
-    ideal = GPUClock(spec, gpu, 1.0, 0.0).decode(1, context)  # the data sheet's step
-    return GPUClock(spec, gpu, min(ideal / (measured - overhead), 1.0), overhead)
 
 
 def _poisson(n: np.ndarray, mean: float) -> np.ndarray:
@@ -231,11 +130,7 @@ def steady_state(cost, rate: float, mean_new: float, draft_cost=None, alpha: flo
     t_p(n), and such steps come at `rate`, so the mean step is t(n) = t_d / (1 - rate (t_p - t_d)).
     Per token, the time is t(n) / E, averaged over the steps' n (weighted by their tokens) while the
     server is busy, and m solves Little's law, m = rate x mean_new x TPOT(m). (inf, inf) if no m
-    up to `largest` does."""
-    if rate <= 0 or mean_new <= 0 or mean_prompt < 0 or not 0 <= alpha < 1 or not is_int(k) or k < 0 \
-            or (k and draft_cost is None):
-        raise ValueError(f"need rate > 0, mean_new > 0, mean_prompt >= 0, alpha in [0, 1), k >= 0 (a draft_cost "
-                         f"when k > 0), got {rate!r}, {mean_new!r}, {mean_prompt!r}, {alpha!r}, {k!r}")
+    up to `largest` does. rate > 0, mean_new > 0, alpha in [0, 1); a draft_cost when k > 0."""
     per_seq = (1 - alpha ** (k + 1)) / (1 - alpha)  # tokens per sequence per step
 
     steps = {}

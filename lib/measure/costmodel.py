@@ -18,20 +18,14 @@ by the larger of reading and computing:
 - any other call (a copy, a concatenation): its bytes at that bandwidth.
 
 The constants are this machine's card (`lib.measure.card.calibrate()`: measured once and kept on
-disk). One set of constants serves every prediction of a run: nothing is tuned per point.
-
-The same arithmetic with a GPU's data-sheet constants (`H100`) gives a decode step of a real
-configuration from `lib.gpu.memory`: t = max((weights + B x L x K/V bytes per token) / bandwidth,
-2 N B / FLOP/s), as the inference chapter of the JAX scaling book (Austin et al. 2025) does on
-paper.
+disk). One set of constants serves every prediction of a run: nothing is tuned per point. (A GPU's
+step, from its data sheet, is `lib.gpu.step`.)
 """
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from lib.fast.lean import LeanModel
-from lib.gpu.memory import GPU, H100, dtype_bytes, from_hf_config
-from lib.gpu.models import LLAMA_3_8B
 from lib.measure.counting import OpCounts, step_counts
 from lib.measure.machine import cpu_model
 from lib.model import forward_cached
@@ -73,7 +67,7 @@ class Machine:
     """Measured constants of one machine (one thread): seconds, bytes/s, FLOP/s."""
     call: float  # fixed cost of one small numpy call
     engine_call: dict  # {"plain": s, "lean": s}: a numpy call with the engine's own Python around it
-    ladder: tuple  # ((working-set bytes, read bytes/s), ...), smallest first
+    read_rates: tuple  # ((working-set bytes, read bytes/s), ...), smallest first
     rates: dict  # {(product, rows, weight bytes): FLOP/s}; product "numpy", "one-row batch" or "kernel"
     per_element: dict  # {ufunc name: seconds per element}
     caches: dict = field(default_factory=dict)  # {"L1d": bytes, "L2": bytes, "L3": bytes} as the system reports
@@ -81,7 +75,7 @@ class Machine:
     @property
     def memory_bandwidth(self) -> float:
         """Read bytes/s from memory: the probe with the largest working set, far beyond the last cache."""
-        return float(self.ladder[-1][1])
+        return float(self.read_rates[-1][1])
 
     @property
     def peak(self) -> float:
@@ -97,7 +91,7 @@ class Machine:
 
     def bandwidth(self, working_set: float) -> float:
         """Read bandwidth for a working set of this many bytes, interpolated in log size between the probes."""
-        sizes, rates = zip(*self.ladder)
+        sizes, rates = zip(*self.read_rates)
         return float(np.interp(np.log(max(working_set, 1.0)), np.log(sizes), envelope(rates)))
 
     def rate(self, rows: int, product: str = "numpy", working_set: float = 0.0) -> float:
@@ -142,7 +136,7 @@ def describe(m: Machine) -> str:
              f"a numpy call: {m.call * 1e6:.2f} us alone; in the engine: "
              + ", ".join(f"{k} {v * 1e6:.2f}" for k, v in m.engine_call.items()) + " us",
              "read GB/s by working set:",
-             rows_of([f"{s / 2**20:g} MiB {bw / 1e9:.0f}" for s, bw in m.ladder], 4),
+             rows_of([f"{s / 2**20:g} MiB {bw / 1e9:.0f}" for s, bw in m.read_rates], 4),
              "product GFLOP/s by rows, weights of " + " / ".join(f"{s / 2**20:g}" for s in RATE_LEVELS) + " MiB:"]
     for product in ("numpy", "one-row batch", "kernel"):
         rows = sorted({r for p, r, _ in m.rates if p == product})
@@ -227,39 +221,3 @@ def predict_calls(machine, builder, params, cfg, position, sizes, products=None,
     """{T: Prediction} for cached calls over T tokens after `position`."""
     counts = step_counts(builder, params, cfg, position, sizes)
     return {T: predict(c, machine, products[T] if products and T in products else "numpy", path) for T, c in counts.items()}
-
-
-# ----------------------------------------------------------------------------- GPUs (lib.gpu.memory.GPU)
-
-def predict_decode(spec, gpu: GPU, batch: int = 1, context: int = 1024, dtype: str = "bfloat16") -> dict:
-    """One decode step of `batch` sequences of `context` tokens for a `lib.gpu.memory` spec on `gpu`:
-    the weights the step reads (`KVSpec.weight_bytes` at that batch: no gathered embedding rows, of a
-    mixture of experts the ones its tokens were routed to) and every sequence's K/V, read once,
-    against 2 FLOPs per parameter each token uses."""
-    weights, kv = spec.weight_bytes(dtype, batch=batch), spec.kv_bytes(context, batch, dtype)
-    per_token = spec.weight_bytes(dtype, batch=1) / dtype_bytes(dtype)  # parameters one token's products use
-    memory = (weights + kv) / gpu.bandwidth
-    compute = 2 * per_token * batch / gpu.flops
-    return {"seconds": max(memory, compute), "memory": memory, "compute": compute,
-            "weights": weights, "kv": kv, "bound": "memory" if memory >= compute else "compute"}
-
-
-# Llama-3.1-8B's parameters that a decode step reads: all 8.03e9 but the input embedding
-# (128,256 x 4,096, config.json), whose rows are gathered, not read (torchao counts the same: 15.01 GB).
-LLAMA_READ_PARAMS = LLAMA_3_8B.weight_bytes("bfloat16", batch=1) / dtype_bytes("bfloat16")
-
-
-def h100_line(out=print) -> tuple:
-    """The data-sheet prediction for Llama-3.1-8B, bf16, batch 1, beside a published measurement:
-    torchao's quantization README (pytorch/ao, Oct 2024), "Base (bfloat16)": 126.90 tokens/s on
-    one H100 with torch.compile, batch 1, a 200-token generation after a short prompt."""
-    llama = from_hf_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                            "hidden_size": 4096}, "Llama-3.1-8B", LLAMA_READ_PARAMS)
-    step = predict_decode(llama, H100, batch=1, context=200)
-    measured = 1 / 126.90  # seconds per token, torchao README
-    if out:
-        out(f"\nLlama-3.1-8B, bf16, batch 1 on an {H100.name} ({H100.source}): predicted "
-            f"{step['seconds'] * 1e3:.2f} ms per token ({step['bound']}-bound: {step['weights'] / 1e9:.2f} GB of weights "
-            f"and {step['kv'] / 1e6:.0f} MB of K/V at {H100.bandwidth / 1e12:.2f} TB/s); published "
-            f"{measured * 1e3:.2f} ms (torchao, 126.90 tokens/s): {step['seconds'] / measured:.2f} of it")
-    return step["seconds"], measured

@@ -1,0 +1,86 @@
+"""Published measurements of Llama-3.1-8B on one H100, each as its source states it (the figure
+quoted exactly, its setup, the page), and the band within which `lib.gpu.step.validation` holds the
+book's one step formula to it, with why that band.
+
+Kinds: a batch-1 decode (two engines), decode throughput at a large batch (two engines), a
+prefill, and a speculative-decoding switch point. The clock takes its bandwidth share from the
+first (`TORCHAO`), so that one agrees by construction; the others are checks.
+"""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Published:
+    name: str
+    source: str  # title, and where in it
+    url: str
+    date: str
+    setup: str  # GPU, model, dtype, engine, batch, lengths, as the source gives them
+    figure: str  # the source's figure, quoted
+    value: float
+    unit: str
+    band: tuple  # (low, high) for predicted / published
+    why: str  # why that band
+    batch: int = 1  # sequences decoding at once
+    context: int = 0  # positions each sequence holds (a decode measured at one context)
+    input_len: int = 0  # prompt tokens per request (a throughput run)
+    output_len: int = 0  # generated tokens per request
+    k: int = 0  # draft tokens per step (speculative decoding)
+
+
+TORCHAO = Published(
+    "torchao, batch 1", "torchao quantization README, 'CUDA backend | NVIDIA-H100 GPU' table, Base (bfloat16)",
+    "https://github.com/pytorch/ao/blob/main/torchao/quantization/README.md", "2024-10",
+    "one H100, Llama-3.1-8B, bfloat16, torch.compile (gpt-fast's generate.py), batch 1, 200 new tokens after a short prompt",
+    "126.90 tokens/s (1904.75 GB/s, peak memory 16.75 GB)", 126.90, "tokens/s",
+    (0.99, 1.01), "the clock's bandwidth share is fitted to it: it agrees by construction",
+    context=200)  # positions: the 200 generated tokens after a short prompt
+
+SGLANG = Published(
+    "SGLang, batch 1", "EAGLE-3 (Li et al. 2025, arXiv 2503.01840), as SGLang's speculative-decoding docs quote it "
+    "('Performance Highlights')", "https://arxiv.org/abs/2503.01840", "2025-03",
+    "1x H100, LLaMA-Instruct 3.1 8B, SGLang without speculation, MT-bench prompts, batch 1",
+    "SGLang (w/o speculative, 1x H100): 158.34 tokens/s", 158.34, "tokens/s",
+    (0.7, 1.1), "another engine at batch 1 (CUDA graphs, other kernels): the torchao-fitted clock should be "
+    "slower, within 30%; MT-bench's prompts are not given: taken at torchao's 200 positions", context=200)
+
+VLLM_DECODE = Published(
+    "vLLM decode, batch 128", "torchao docs, Quantized Inference, 'Performance benchmarks: NVIDIA H100', bfloat16 row",
+    "https://docs.pytorch.org/ao/main/workflows/inference.html", "2026-02",
+    "H100, meta-llama/Llama-3.1-8B, bfloat16, torch 2.9.0, vllm 0.13.0: vllm bench throughput --num_prompts 128 "
+    "--input_len 32 --output_len 2048 (all 128 at once); the figure is vLLM's total (input + output) tokens/s",
+    "decode toks/s 6612", 6612.0, "tokens/s",
+    (0.8, 1.35), "a large batch whose K/V reads grow to 2,080 positions: attention kernels and the scheduler "
+    "are not the products the clock was fitted on; within 35%", batch=128, input_len=32, output_len=2048)
+
+VLLM_PREFILL = Published(
+    "vLLM prefill, 32 x 4,096", "torchao docs, Quantized Inference, 'Performance benchmarks: NVIDIA H100', bfloat16 row",
+    "https://docs.pytorch.org/ao/main/workflows/inference.html", "2026-02",
+    "H100, meta-llama/Llama-3.1-8B, bfloat16, torch 2.9.0, vllm 0.13.0: vllm bench throughput --num_prompts 32 "
+    "--input_len 4096 --output_len 32; the figure is vLLM's total (input + output) tokens/s",
+    "prefill toks/s 30946.5", 30946.5, "tokens/s",
+    (0.8, 1.25), "the FLOP share is stated (0.6), not fitted; vLLM splits the prompts into chunks of its token "
+    "budget, which the clock prices as whole prompts; within 25%", batch=32, input_len=4096, output_len=32)
+
+LOGINET = Published(
+    "SGLang, 45 concurrent", "Loginet, The impact of concurrent requests on LLM inference performance: a case study "
+    "with Llama-3.1-8B", "https://loginet.com/blog/llm-inference-performance-ai-applications", "2025-01-17",
+    "NVIDIA H100 SXM5 80GB, Llama-3.1-8B-Instruct, FP16, sglang, a fixed 3000-token system prompt and 100-500 "
+    "tokens of user input per request, streamed",
+    "maximum throughput of 1,724 tokens/second at 45 concurrent requests", 1724.0, "tokens/s",
+    (0.9, 1.7), "measured at a client, through a 51 ms network, with prompts (and their prefills) arriving "
+    "among the decodes: the clock's pure decode steps should be faster, by up to 70%",
+    batch=45, context=3300)  # 3,000 + about 300 prompt tokens per sequence
+
+VLLM_DYNAMIC_SD = Published(
+    "vLLM dynamic speculation", "vLLM docs, Dynamic Speculative Decoding, the Llama-3.1-8B EAGLE example",
+    "https://docs.vllm.ai/en/latest/features/speculative_decoding/dynamic_speculative_decoding/", "2026",
+    "meta-llama/Llama-3.1-8B-Instruct with the EAGLE head yuhuili/EAGLE-LLaMA3.1-Instruct-8B, "
+    "num_speculative_tokens 3; the GPU is not stated",
+    "[1, 64, 3], [65, 128, 1], [129, 512, 0]: K=3 up to 64 sequences, K=1 from 65 to 128, none from 129", 64.0,
+    "sequences (the largest batch verifying 3 drafts)",
+    (0.5, 2.0), "an example configuration, not a measured crossover, on an unstated GPU; the clock predicts "
+    "only where a step of batch x (K + 1) rows turns compute-bound, not the draft's cost or acceptance: "
+    "within a factor of 2", k=3)
+
+PUBLISHED = (TORCHAO, SGLANG, VLLM_DECODE, LOGINET, VLLM_PREFILL, VLLM_DYNAMIC_SD)

@@ -1,0 +1,81 @@
+"""The book's one GPU step formula (lib.gpu.step): its terms as its docstring states them, and the
+fitted H100 clock against published measurements (lib.gpu.published), each within its stated band."""
+import pytest
+
+from lib.gpu.memory import GPU, H100, UTILIZATION, from_hf_config, kv_budget
+from lib.gpu.models import LLAMA_3_8B
+from lib.gpu.published import PUBLISHED, TORCHAO
+from lib.gpu.step import FLOPS_SHARE, STEP_OVERHEAD, TILE, GPUClock, gpu_clock, memory_bound_rows, validation
+
+SHEET = GPUClock(LLAMA_3_8B, H100)  # the data sheet: full bandwidth and FLOP/s, no overhead, no tiles
+WEIGHTS = LLAMA_3_8B.weight_bytes(batch=1)  # 15.01 GB: all but the gathered embedding rows
+
+
+def test_a_data_sheet_decode_step_reads_the_weights_and_every_cache_once():
+    assert SHEET.decode_step(1, 1024) == pytest.approx((WEIGHTS + 131072 * 1024) / 3.35e12)
+    assert SHEET.decode_step(16, 1024) == pytest.approx((WEIGHTS + 16 * 131072 * 1024) / 3.35e12)
+
+
+def test_the_weight_products_turn_compute_bound_at_the_ridge_whatever_the_cache():
+    assert memory_bound_rows(SHEET) == int(H100.flops / H100.bandwidth)  # 295: 2 FLOPs per 2-byte weight per row
+    short, long = SHEET.decode(1024, 128), SHEET.decode(1024, 8192)
+    assert short["bound"] == long["bound"] == "compute" and SHEET.decode(256, 8192)["bound"] == "memory"
+    slow = GPUClock(LLAMA_3_8B, GPU("slow math", 80e9, 3.35e12, 1e12))  # K/V added to the products' compute
+    step = slow.decode(64, 16)
+    products = 2 * (WEIGHTS / 2) * 64 / 1e12
+    assert step["bound"] == "compute"
+    assert step["seconds"] == pytest.approx(products + 64 * 131072 * 16 / 3.35e12, rel=1e-3)
+
+
+def test_tiles_make_a_few_rows_cost_a_whole_tile():
+    slow = GPUClock(LLAMA_3_8B, GPU("slow math", 80e9, 3.35e12, 1e11), tile=64)  # compute-bound from one row
+    assert slow.breakdown(1, 0.0, 0.0)["seconds"] == slow.breakdown(64, 0.0, 0.0)["seconds"]
+    assert slow.breakdown(65, 0.0, 0.0)["seconds"] == pytest.approx(2 * slow.breakdown(64, 0.0, 0.0)["seconds"])
+    assert slow.breakdown(1, 0.0, 0.0)["flops"] == pytest.approx(WEIGHTS)  # MFU counts the FLOPs the step needs
+
+
+def test_mbu_and_mfu_are_the_needed_bytes_and_flops_over_the_data_sheet():
+    clock = gpu_clock()
+    step = clock.decode(8, 2048)
+    assert step["mbu"] == pytest.approx((step["weights"] + step["kv"]) / step["seconds"] / H100.bandwidth)
+    assert step["mfu"] == pytest.approx(step["flops"] / step["seconds"] / H100.flops)
+    assert clock.decode(1, TORCHAO.context)["mbu"] == pytest.approx(126.90 * (WEIGHTS + 131072 * 200) / 3.35e12)
+
+
+def test_the_fitted_clock():
+    clock = gpu_clock()
+    assert clock.decode_step(1, TORCHAO.context) == pytest.approx(1 / 126.90)  # torchao's batch-1 step
+    assert 0.55 < clock.bandwidth_share < 0.65 and clock.overhead == STEP_OVERHEAD
+    assert clock.flops_share == FLOPS_SHARE and clock.tile == TILE
+    assert clock.decode_step(16, 200) < 1.05 * clock.decode_step(1, 200)  # weights dominate: 16 cost about 1
+    assert clock([(0, 1, 199)]) == pytest.approx(clock.decode_step(1, 200))  # rows and (batch, context) agree
+    assert clock([(i, 1, 99) for i in range(4)]) == pytest.approx(clock.decode_step(4, 100))
+    assert clock([(i, 5, 95) for i in range(4)]) == pytest.approx(clock.decode_step(4, 100, new=5))  # a verification
+    assert clock([(0, 2000, 0)]) > 2 * clock.decode_step(1, 200)  # a long prompt is compute-bound
+    assert clock.prefill_seconds(2000) == pytest.approx(clock([(0, 2000, 0)]))
+    assert clock.blocks() == int(kv_budget(H100, LLAMA_3_8B.weight_bytes(), UTILIZATION) // (16 * 131072))
+
+
+def test_a_step_reads_and_computes_with_what_its_tokens_use():
+    """A mixture of experts at batch 1 reads and computes with its routed experts only; the
+    embedding's rows are gathered, not read."""
+    moe = from_hf_config({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "vocab_size": 100,
+                          "tie_word_embeddings": False, "num_local_experts": 8, "num_experts_per_tok": 2,
+                          "intermediate_size": 32}, "moe", 1e6)
+    experts = 2 * 8 * 3 * 64 * 32  # layers x experts x 3 matrices of hidden x intermediate
+    used = 1e6 - 100 * 64 - experts * 6 / 8  # one token: 2 of 8 experts, no embedding
+    clock = GPUClock(moe, H100)
+    one = clock.decode(1, 1)
+    assert one["weights"] == pytest.approx(2 * used)
+    assert one["flops"] == pytest.approx(2 * used + clock.flops_per_pair)
+    assert clock.decode(64, 1)["weights"] > one["weights"]  # more experts touched
+
+
+@pytest.mark.parametrize("record", PUBLISHED, ids=[r.name for r in PUBLISHED])
+def test_the_clock_within_its_band_of_each_published_measurement(record):
+    row = next(row for row in validation() if row["measurement"] == record.name)
+    low, high = record.band
+    assert low <= row["ratio"] <= high, (f"{record.name}: predicted {row['predicted']:.1f} against published "
+                                         f"{record.value} {record.unit} ({row['ratio']:.2f}, band {low}..{high}): "
+                                         f"{record.why}")
+    assert record.url.startswith("https://") and record.figure and record.setup
