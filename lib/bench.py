@@ -23,7 +23,7 @@ from lib.generation import generate
 from lib.gpu.step import validation
 from lib.measure.card import calibrate, card_path, load_card
 from lib.measure.clocks import fit_clock
-from lib.measure.costmodel import Predictions, describe, lean_builder, plain_builder, predict, predict_calls
+from lib.measure.costmodel import Predictions, card_constants, lean_builder, plain_builder, predict, predict_calls
 from lib.measure.counting import cached_call, numpy_calls_per_step, step_counts
 from lib.measure.standins import STANDINS, StandInStep, standin, weight_bytes
 from lib.model import Model, init_params, load
@@ -117,7 +117,7 @@ def card_section(out, recalibrate: bool):
     seconds = time.perf_counter() - start
     out("the machine card: " + machine.card())
     out(f"  ({'measured now' if fresh else 'loaded'}: {card_path()}; `python -m lib.bench --recalibrate` measures it again)")
-    out("  the cost model's constants:\n  " + describe(machine).replace("\n", "\n  ") + "\n")
+    out("  the cost model's constants:\n  " + card_constants(machine).replace("\n", "\n  ") + "\n")
     return machine, [goal("cost model: calibration <= 20 s", seconds, seconds <= 20)] if fresh else []
 
 

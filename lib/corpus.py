@@ -38,7 +38,7 @@ class Corpus:
     skipped: tuple  # modules absent here or not pure printable ASCII
     sha256: str  # of the module names and contents actually used
 
-    def describe(self) -> str:
+    def summary_line(self) -> str:
         return (f"{len(self.train_modules)} training modules ({len(self.train):,} characters), "
                 f"{len(self.held_out_modules)} held-out ({len(self.held_out):,}), "
                 f"{len(self.skipped)} skipped, sha256 {self.sha256[:12]}")

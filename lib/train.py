@@ -241,7 +241,7 @@ def train(cfg: ModelConfig, steps: int, batch: int = 8, seq_len: int = 512, lr: 
     seconds = time.perf_counter() - start
     record = {"steps": steps, "batch": batch, "seq_len": seq_len, "lr": lr, "warmup": warmup, "seed": seed,
               "seconds": round(seconds, 1), "tokens_per_second": round(steps * batch * seq_len / seconds),
-              "corpus_sha256": corpus.sha256, "corpus": corpus.describe(), "skipped_modules": list(corpus.skipped),
+              "corpus_sha256": corpus.sha256, "corpus": corpus.summary_line(), "skipped_modules": list(corpus.skipped),
               "curve": curve}
     return params, record
 

@@ -26,7 +26,7 @@ from lib.book.exercises import (
 )
 from lib.book.studies.load_study import LOAD_TRACE
 from lib.corpus import load_corpus
-from lib.measure.clocks import gpu_clock
+from lib.gpu.step import gpu_clock
 from lib.serve import make_trace
 from lib.serve.replay import Replay
 

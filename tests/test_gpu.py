@@ -18,10 +18,10 @@ def test_a_data_sheet_decode_step_reads_the_weights_and_every_cache_once():
 
 def test_the_weight_products_turn_compute_bound_at_the_ridge_whatever_the_cache():
     assert memory_bound_rows(SHEET) == int(H100.flops / H100.bandwidth)  # 295: 2 FLOPs per 2-byte weight per row
-    short, long = SHEET.decode(1024, 128), SHEET.decode(1024, 8192)
-    assert short["bound"] == long["bound"] == "compute" and SHEET.decode(256, 8192)["bound"] == "memory"
+    short, long = SHEET.decode_breakdown(1024, 128), SHEET.decode_breakdown(1024, 8192)
+    assert short["bound"] == long["bound"] == "compute" and SHEET.decode_breakdown(256, 8192)["bound"] == "memory"
     slow = GPUClock(LLAMA_3_8B, GPU("slow math", 80e9, 3.35e12, 1e12))  # K/V added to the products' compute
-    step = slow.decode(64, 16)
+    step = slow.decode_breakdown(64, 16)
     products = 2 * (WEIGHTS / 2) * 64 / 1e12
     assert step["bound"] == "compute"
     assert step["seconds"] == pytest.approx(products + 64 * 131072 * 16 / 3.35e12, rel=1e-3)
@@ -36,10 +36,10 @@ def test_tiles_make_a_few_rows_cost_a_whole_tile():
 
 def test_mbu_and_mfu_are_the_needed_bytes_and_flops_over_the_data_sheet():
     clock = gpu_clock()
-    step = clock.decode(8, 2048)
+    step = clock.decode_breakdown(8, 2048)
     assert step["mbu"] == pytest.approx((step["weights"] + step["kv"]) / step["seconds"] / H100.bandwidth)
     assert step["mfu"] == pytest.approx(step["flops"] / step["seconds"] / H100.flops)
-    assert clock.decode(1, TORCHAO.context)["mbu"] == pytest.approx(126.90 * (WEIGHTS + 131072 * 200) / 3.35e12)
+    assert clock.decode_breakdown(1, TORCHAO.context)["mbu"] == pytest.approx(126.90 * (WEIGHTS + 131072 * 200) / 3.35e12)
 
 
 def test_the_fitted_clock():
@@ -65,10 +65,10 @@ def test_a_step_reads_and_computes_with_what_its_tokens_use():
     experts = 2 * 8 * 3 * 64 * 32  # layers x experts x 3 matrices of hidden x intermediate
     used = 1e6 - 100 * 64 - experts * 6 / 8  # one token: 2 of 8 experts, no embedding
     clock = GPUClock(moe, H100)
-    one = clock.decode(1, 1)
+    one = clock.decode_breakdown(1, 1)
     assert one["weights"] == pytest.approx(2 * used)
     assert one["flops"] == pytest.approx(2 * used + clock.flops_per_pair)
-    assert clock.decode(64, 1)["weights"] > one["weights"]  # more experts touched
+    assert clock.decode_breakdown(64, 1)["weights"] > one["weights"]  # more experts touched
 
 
 @pytest.mark.parametrize("record", PUBLISHED, ids=[r.name for r in PUBLISHED])

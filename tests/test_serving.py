@@ -162,13 +162,13 @@ def test_step_cost_interpolates_its_points_and_adds_a_cost_per_sequence():
 
 def test_steady_state_is_littles_law_over_a_poisson_batch():
     batch, tpot = steady_state(COST, 300.0, 20.0)
-    assert tpot > COST.decode(1) and batch > 1  # requests overlap: a mean batch above one
+    assert tpot > COST.decode_step(1) and batch > 1  # requests overlap: a mean batch above one
     light, heavy = steady_state(COST, 1.0, 20.0), steady_state(COST, 3000.0, 20.0)
-    assert light[1] == pytest.approx(COST.decode(1), rel=0.05) and heavy[1] > tpot  # more load, slower tokens
+    assert light[1] == pytest.approx(COST.decode_step(1), rel=0.05) and heavy[1] > tpot  # more load, slower tokens
     assert steady_state(COST, 1e9, 20.0) == (float("inf"), float("inf"))
     rates = list(np.geomspace(1, 1e4, 40))
     dear_rows = FittedClock((1, 2, 64), (1e-3, 1.1e-3, 2e-2), 1e-4)  # rows past a few cost their arithmetic
-    assert steady_state(dear_rows, 1.0, 20.0, DRAFT_COST, 0.8, 4)[1] < 0.9 * dear_rows.decode(1)
+    assert steady_state(dear_rows, 1.0, 20.0, DRAFT_COST, 0.8, 4)[1] < 0.9 * dear_rows.decode_step(1)
     cross = crossover_rate(dear_rows, DRAFT_COST, 0.8, 4, 20.0, rates)
     assert 1 < cross < 1e4
     assert np.isnan(crossing([1, 2], [2.0, 1.5]))

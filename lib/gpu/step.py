@@ -85,7 +85,7 @@ class GPUClock:
                 "mfu": (flops + attention_flops) / seconds / self.gpu.flops,
                 "bound": "compute" if charged / compute > weights / read else "memory"}
 
-    def decode(self, batch: int, context: int, new: int = 1) -> dict:
+    def decode_breakdown(self, batch: int, context: int, new: int = 1) -> dict:
         """The breakdown of a step of `batch` sequences fed `new` tokens each (a decode step, or the
         verification of new - 1 drafts), holding `context` positions each after it."""
         pairs = batch * (new * (context - new) + new * (new + 1) / 2)  # each new token against the positions up to it
@@ -93,7 +93,7 @@ class GPUClock:
 
     def decode_step(self, batch: int, context: int = 1024, new: int = 1) -> float:
         """Seconds of a step of `batch` sequences fed `new` tokens each (1: a decode step), `context` positions each."""
-        return self.decode(batch, context, new)["seconds"]
+        return self.decode_breakdown(batch, context, new)["seconds"]
 
     def prefill_seconds(self, tokens: int, batch: int = 1) -> float:
         """Seconds of one step that computes `batch` prompts of `tokens` tokens each, from an empty cache."""

@@ -25,7 +25,7 @@ from lib.measure.costmodel import (
     RATE_LEVELS,
     RATE_ROWS,
     Machine,
-    describe,
+    card_constants,
     lean_builder,
     plain_builder,
 )
@@ -159,13 +159,13 @@ def card_path(key: dict = None) -> Path:
 
 
 def _to_json(m: Machine, key: dict) -> dict:
-    return {"key": key, "call": m.call, "engine_call": m.engine_call, "ladder": [list(p) for p in m.ladder],
+    return {"key": key, "call": m.call, "engine_call": m.engine_call, "read_rates": [list(p) for p in m.read_rates],
             "rates": [[p, r, s, v] for (p, r, s), v in m.rates.items()], "per_element": m.per_element,
             "caches": m.caches, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
 def _from_json(d: dict) -> Machine:
-    return Machine(d["call"], d["engine_call"], tuple(tuple(p) for p in d["ladder"]),
+    return Machine(d["call"], d["engine_call"], tuple(tuple(p) for p in d["read_rates"]),
                    {(p, r, s): v for p, r, s, v in d["rates"]}, d["per_element"], d["caches"])
 
 
@@ -193,5 +193,5 @@ def calibrate(out=print, refresh: bool = False) -> Machine:
         tmp.write_text(json.dumps(_to_json(machine, key), indent=1))
         tmp.replace(path)  # atomic: two processes calibrating at once leave one whole card
     if out:
-        out(describe(machine))
+        out(card_constants(machine))
     return machine

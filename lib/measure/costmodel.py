@@ -127,7 +127,7 @@ class Prediction:
         return f"{self.seconds * 1e3:.3f} ms ({parts} us)"
 
 
-def describe(m: Machine) -> str:
+def card_constants(m: Machine) -> str:
     """The constants, a few to a line."""
     def rows_of(items, per_line=5, indent="  "):
         return "\n".join(indent + ", ".join(items[k:k + per_line]) for k in range(0, len(items), per_line))

@@ -13,7 +13,8 @@ from lib.fast.batch import BatchedModel
 from lib.corpus import load_corpus
 from lib.generation import generate
 from lib.fast.lean import LeanModel
-from lib.measure.clocks import crossing, crossover_rate, gpu_clock
+from lib.gpu.step import gpu_clock
+from lib.measure.clocks import crossing, crossover_rate
 from lib.measure.counting import batched_call, cached_call
 from lib.book.studies.sweep import acceptance_on_text
 from lib.serve import LADDER, make_trace, serve
@@ -57,8 +58,8 @@ RATE_BATCH = 32  # the decode batch whose throughput the rates are shares of
 
 def load_rates(big_clock, mean_new: float, fractions, step32: float = None) -> list:
     """Arrival rates (requests/s) as shares of what a decode batch of 32 serves on the clock (its
-    step of RATE_BATCH sequences: big_clock.decode(32), or `step32` seconds if given)."""
-    step32 = big_clock.decode(RATE_BATCH) if step32 is None else step32
+    step of RATE_BATCH sequences: big_clock.decode_step(32), or `step32` seconds if given)."""
+    step32 = big_clock.decode_step(RATE_BATCH) if step32 is None else step32
     return [float(f"{RATE_BATCH / step32 / mean_new * f:.3g}") for f in fractions]
 
 
@@ -99,8 +100,8 @@ def gpu_ladder(target, n: int = 300, fraction: float = 0.7, out=print) -> dict:
     requests = make_trace(**{**trace, "rate": 1.0})
     mean_new = float(np.mean([r.n_new for r in requests]))
     context = int(np.mean([len(r.prompt) + r.n_new / 2 for r in requests]))
-    rate = load_rates(clock, mean_new, (fraction,), clock.decode(32, context))[0]
-    t1 = clock.decode(1, context)
+    rate = load_rates(clock, mean_new, (fraction,), clock.decode_step(32, context))[0]
+    t1 = clock.decode_step(1, context)
     slo = {name: steps * t1 for name, steps in SLO_STEPS.items()}
     requests = make_trace(**{**trace, "rate": rate})
     good = {name: serve(replay, requests, clock.blocks(), policy, clock=clock, max_tokens=trace["n_new"][1],
@@ -129,7 +130,7 @@ def load_study(target, draft, big_clock, small_clock, k: int = 4, out=print) -> 
     lean = LeanModel(*target)
     held_out = load_corpus().held_out
     trace = dict(LOAD_TRACE, system=held_out[2000:2032])
-    t1, max_tokens = big_clock.decode(1), trace["n_new"][1]
+    t1, max_tokens = big_clock.decode_step(1), trace["n_new"][1]
     slo = {name: steps * t1 for name, steps in SLO_STEPS.items()}
     sample = make_trace(2000, 1.0, prompt_len=trace["prompt_len"], n_new=trace["n_new"])
     mean_new = float(np.mean([r.n_new for r in sample]))
