@@ -38,10 +38,9 @@ def test_batch_equals_each_sequence_alone(name, path, kind, data):
         pool = PagedKVCache(cfg, num_blocks=B * (-(-42 // block_size)), block_size=block_size)
         caches = [pool.add(b, p) for b, p in enumerate(prompts)]
         run = lambda tokens: model.feed(caches, tokens)
-    else:  # contiguous caches: one batched step directly, or through each cache's own feed
+    else:  # contiguous caches: one batched step
         caches = [KVCache(cfg, 42) for _ in range(B)]
-        through_feed = data.draw(st.booleans(), label="through feed")
-        run = lambda tokens: model.feed(caches, tokens) if through_feed else model.step(tokens, caches)
+        run = lambda tokens: model.step(tokens, caches)
     outs = [run(prompts)] + [run(c) for c in chunks]
     for b in range(B):
         tokens = prompts[b] + [t for c in chunks for t in c[b]]
@@ -70,28 +69,20 @@ def test_trained_model_batch_gives_the_same_greedy_tokens():
     assert out == [generate(params, cfg, p, 20, step=lean).tokens.tolist() for p in prompts]
 
 
-@pytest.mark.parametrize("kind", ["contiguous", "paged"])
-def test_bad_token_leaves_every_cache_as_it_was(kind):
+def test_bad_token_leaves_every_sequence_as_it_was():
     model, _, cfg = _engine("gqa", "lean")
-    if kind == "paged":
-        pool = PagedKVCache(cfg, num_blocks=8, block_size=4)
-        caches = [pool.add(b, [1, 2, 3]) for b in range(2)]
-        model.feed(caches, [[1, 2, 3], [1, 2, 3]])
-        run = lambda tokens: model.feed(caches, tokens)
-        state = lambda: (pool.manager.num_free, [list(c.block_table) for c in caches], [c.n for c in caches])
-    else:
-        caches = [KVCache(cfg, 16) for _ in range(2)]
-        model.step([[1, 2, 3], [1, 2, 3]], caches)
-        run = lambda tokens: model.step(tokens, caches)
-        state = lambda: [c.n for c in caches]
+    pool = PagedKVCache(cfg, num_blocks=8, block_size=4)
+    seqs = [pool.add(b, [1, 2, 3]) for b in range(2)]
+    model.feed(seqs, [[1, 2, 3], [1, 2, 3]])
+    state = lambda: (pool.manager.num_free, [list(s.block_table) for s in seqs], [list(s.tokens) for s in seqs])
     before = state()
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        run([[4], [cfg.vocab_size]])
+        model.feed(seqs, [[4], [cfg.vocab_size]])
     assert state() == before
 
 
 def test_pool_too_small_for_the_batch_unwinds_every_sequence():
-    """The second sequence's new block does not fit: the first one's reservation is undone too."""
+    """The second sequence's new block does not fit: the batch is refused before either reserves one."""
     model, params, cfg = _engine("gqa", "plain")
     pool = PagedKVCache(cfg, num_blocks=2, block_size=4)
     a, b = pool.add("a", [1, 2, 3, 4]), pool.add("b", [5, 6, 7, 8])
@@ -105,20 +96,21 @@ def test_pool_too_small_for_the_batch_unwinds_every_sequence():
 
 
 @pytest.mark.parametrize("tokens, caches, message", [
-    ([[1]], 2, "one token list per cache"),
-    ([[1], [2]], "same", "same cache appears twice"),
+    ([[1]], 2, "one token list per sequence"),
+    ([[1], [2]], "same", "same sequence appears twice"),
 ])
 def test_malformed_batch_is_refused(tokens, caches, message):
     model, _, cfg = _engine("gqa", "plain")
-    cache = KVCache(cfg)
-    cache_list = [cache, cache] if caches == "same" else [KVCache(cfg) for _ in range(caches)]
+    pool = PagedKVCache(cfg, num_blocks=8, block_size=4)
+    seq = pool.add("a", [1])
+    seqs = [seq, seq] if caches == "same" else [pool.add(b, [1]) for b in range(caches)]
     with pytest.raises(ValueError, match=message):
-        model.step(tokens, cache_list)
+        model.feed(seqs, tokens)
 
 
-def test_cache_of_another_model_is_refused():
+def test_sequence_of_another_model_is_refused():
     model, _, _ = _engine("gqa", "plain")
     with pytest.raises(ValueError, match="made for"):
-        model.step([[1]], [KVCache(MQA)])
-    with pytest.raises(TypeError, match="expected a KV cache"):
-        model.step([[1]], [np.zeros(3)])
+        model.feed([PagedKVCache(MQA, 4, 4).add("a", [1])], [[1]])
+    with pytest.raises(TypeError, match="must be a paged sequence"):
+        model.feed([np.zeros(3)], [[1]])

@@ -64,9 +64,9 @@ def test_codes_are_packed_and_stay_in_range():
 
 @pytest.mark.parametrize("bits", kivi.BITS)
 def test_inside_the_window_the_logits_equal_the_float32_caches(bits):
-    """With fewer positions than the residual, nothing is quantized: exact against the reference."""
+    """With fewer positions than the window, nothing is quantized: exact against the reference."""
     tokens = np.arange(20) % GQA.vocab_size
-    ours = forward_cached(PARAMS, GQA, tokens, kivi.KiviCache(GQA, 64, bits, residual=32))
+    ours = forward_cached(PARAMS, GQA, tokens, kivi.KiviCache(GQA, 64, bits, recent=32))
     reference = forward_cached(PARAMS, GQA, tokens, KVCache(GQA, 64))
     np.testing.assert_array_equal(ours, reference)
 
@@ -76,7 +76,7 @@ def test_a_step_attends_to_its_own_tokens_in_full_precision(bits):
     """KIVI's order: a step's attention sees its new K and V as computed, and only then are they
     quantized. So a prefill of any length is exact, and the next step reads the codes."""
     tokens = np.arange(50) % GQA.vocab_size
-    cache = kivi.KiviCache(GQA, 64, bits, residual=8)
+    cache = kivi.KiviCache(GQA, 64, bits, recent=8)
     np.testing.assert_array_equal(forward_cached(PARAMS, GQA, tokens[:49], cache),
                                   forward_cached(PARAMS, GQA, tokens[:49], KVCache(GQA, 64)))
     exact = KVCache(GQA, 64)
@@ -151,21 +151,21 @@ def test_bytes_per_position_fall_with_the_bits():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(bits=3), "bits"), (dict(bits=True), "bits"), (dict(residual=0), "residual"), (dict(residual=1.5), "residual"),
+    (dict(bits=3), "bits"), (dict(bits=True), "bits"), (dict(recent=0), "recent"), (dict(recent=1.5), "recent"),
     (dict(max_len=0), "max_len")])
 def test_bad_settings_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         kivi.KiviCache(GQA, **{"max_len": 16, **kwargs})
 
 
-def test_bad_writes_are_refused_and_change_nothing():
+def test_refused_feeds_change_nothing():
     cache = kivi.KiviCache(GQA, 8, 2, 4)
-    good = np.ones((Hkv, 2, D), np.float32)
-    for k, match in ((np.full((Hkv, 2, D), np.nan, np.float32), "finite"), (np.ones((Hkv, 2, D + 1)), "head_dim"),
-                     (np.ones((Hkv, 9, D)), "full")):
-        before = cache.copy()
+    step = lambda tokens, c: forward_cached(PARAMS, GQA, tokens, c)
+    cache.feed([1, 2, 3, 4, 5], step)
+    before = cache.copy()
+    for tokens, match in (([GQA.vocab_size], "outside the vocabulary"), (np.arange(4), "full"), ([1.5], "integer")):
         with pytest.raises(ValueError, match=match):
-            cache.write(0, k, good if k.shape == good.shape else k)
-        assert all(np.array_equal(a, b) for a, b in zip(before.k_res + before.v_res, cache.k_res + cache.v_res))
-    with pytest.raises(ValueError, match="truncate"):
-        cache.truncate(3)
+            cache.feed(tokens, step)
+        assert cache.n == 5 and cache.written == before.written
+        assert all(np.array_equal(a, b) for a, b in zip(before.k_recent + before.v_recent + before.k_codes,
+                                                        cache.k_recent + cache.v_recent + cache.k_codes))

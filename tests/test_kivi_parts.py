@@ -77,7 +77,7 @@ def test_bytes_add_up():
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(bits=3), "bits"), (dict(keys="head"), "keys"), (dict(zero_point=1), "zero_point"),
-    (dict(residual=0), "residual"), (dict(residual=-1, keys="token"), "residual"), (dict(window="int8"), "window"),
+    (dict(recent=0), "recent"), (dict(recent=-1, keys="token"), "recent"), (dict(recent_dtype="int8"), "recent_dtype"),
     (dict(max_len=0), "max_len")])
 def test_bad_settings_are_refused(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):

@@ -137,14 +137,14 @@ def test_lean_equals_reference_on_full_held_out_texts(name):
         np.testing.assert_allclose(np.concatenate(out), ref, atol=1e-4, rtol=0)
 
 
-def test_lean_refuses_what_the_plain_path_refuses(model):
+def test_feed_refuses_for_the_lean_path_what_the_plain_path_refuses(model):
     params, cfg = model
     lean, cache = LeanModel(params, cfg), KVCache(cfg, 4)
-    lean([1, 2, 3], cache)
+    cache.feed([1, 2, 3], lean)
     with pytest.raises(ValueError, match="KV cache is full"):
-        lean([1, 2], cache)
+        cache.feed([1, 2], lean)
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        lean([cfg.vocab_size], cache)
+        cache.feed([cfg.vocab_size], lean)
     assert cache.n == 3
 
 

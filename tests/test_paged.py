@@ -68,8 +68,8 @@ def test_fully_cached_prompt_still_computes_its_last_token():
 def written(manager, seq_id, tokens):
     """Allocate a prompt and mark its K/V written, as a successful step would."""
     manager.allocate(seq_id, tokens)
-    reservation = manager.reserve(seq_id, tokens)
-    manager.commit(seq_id, reservation, len(tokens))
+    manager.reserve(seq_id, tokens)
+    manager.commit(seq_id, len(tokens))
 
 
 def test_freed_and_reused_block_is_never_found_by_its_old_hash():
@@ -128,10 +128,13 @@ def test_out_of_blocks_is_a_clear_error_and_changes_nothing():
     with pytest.raises(ValueError, match="out of blocks: the prompt needs 1 new blocks of 4 positions, 0 are free"):
         manager.allocate("b", [7, 7])
     assert "b" not in manager.tables and manager.num_free == 0
-    manager.commit("a", manager.reserve("a", [1, 2, 3, 4, 5, 6, 7, 8]), 8)
+    pool = PagedKVCache(GQA, num_blocks=2, block_size=4)
+    a = pool.add("a", [1, 2, 3, 4, 5])
+    a.feed([1, 2, 3, 4, 5, 6, 7, 8], step)
+    assert pool.manager.append_need("a", 1) == 1
     with pytest.raises(ValueError, match="out of blocks: 1 more tokens need 1 blocks, 0 are free"):
-        manager.reserve("a", [9])
-    assert len(manager.tokens["a"]) == 8 and manager.computed["a"] == 8
+        a.feed([9], step)
+    assert a.tokens == [1, 2, 3, 4, 5, 6, 7, 8] and a.n == 8 and pool.manager.num_free == 0
 
 
 def test_bad_tokens_leave_the_sequence_as_it_was():
@@ -155,7 +158,8 @@ def test_deallocate_returns_every_block():
     manager = BlockManager(num_blocks=10, block_size=4)
     written(manager, "a", list(range(13)))
     manager.fork("a", "b")
-    manager.commit("b", manager.reserve("b", [1, 2, 3]), 16)
+    manager.reserve("b", [1, 2, 3])
+    manager.commit("b", 16)
     manager.deallocate("a")
     manager.deallocate("b")
     assert manager.num_free == 10 and all(r == 0 for r in manager.ref)

@@ -21,8 +21,8 @@ PARAMS = perturbed_params(GQA, seed=7)
 
 
 def _pool(kind, granularity, num_blocks=12, block_size=4):
-    calibration = kv_maxima(PARAMS, GQA, np.arange(40) % GQA.vocab_size)
-    return PagedKVCache(GQA, num_blocks, block_size, dtype=kind, granularity=granularity, calibration=calibration)
+    maxima = kv_maxima(PARAMS, GQA, np.arange(40) % GQA.vocab_size)
+    return PagedKVCache(GQA, num_blocks, block_size, dtype=kind, granularity=granularity, maxima=maxima)
 
 
 @pytest.mark.parametrize("kind,granularity", KINDS)

@@ -7,10 +7,10 @@ quantized per channel, each channel's range taken over a group of tokens, and va
 each token's range taken over its channels. Both are asymmetric (a minimum and a step, not a
 symmetric scale), which matters most at 2 bits, and neither needs calibration.
 
-A channel's range needs a group of tokens, so keys are kept in full precision until `residual`
+A channel's range needs a group of tokens, so keys are kept in full precision until `recent`
 of them have arrived; then the group is quantized at once (KIVI's streaming scheme). Values are
-quantized one by one as they leave a window of the last `residual` tokens. So the full-precision
-part is at most `residual` keys and exactly the last `residual` values; everything older is codes
+quantized one by one as they leave a window of the last `recent` tokens (KIVI's "residual"). So the
+full-precision part is at most `recent` keys and exactly the last `recent` values; everything older is codes
 (`bits` = 2 or 4, packed 8 / bits to a byte) with float16 minima and steps: per group and channel
 for keys, per token for values.
 
@@ -27,8 +27,9 @@ the full-precision part, so what a read returns never changes.
 """
 import numpy as np
 
-from lib.cache.kv_cache import KVCache
-from lib.config import ModelConfig, is_int
+from lib.cache.kv_cache import KVCache, check_max_len
+from lib.checks import check_config, check_count
+from lib.config import ModelConfig
 
 BITS = (2, 4)
 
@@ -66,20 +67,15 @@ def _dequantize(codes, lo, step) -> np.ndarray:
 
 
 class KiviCache:
-    def __init__(self, cfg: ModelConfig, max_len: int | None = None, bits: int = 2, residual: int = 32):
-        if not isinstance(cfg, ModelConfig):
-            raise TypeError(f"cfg must be a lib.config.ModelConfig, got {type(cfg).__name__}")
-        max_len = cfg.block_size if max_len is None else max_len
-        if not is_int(max_len) or not 1 <= max_len <= cfg.block_size:
-            raise ValueError(f"max_len must be an integer in 1..{cfg.block_size} (block_size), got {max_len!r}")
+    def __init__(self, cfg: ModelConfig, max_len: int | None = None, bits: int = 2, recent: int = 32):
+        max_len = check_max_len(check_config(cfg), max_len)
         if bits not in BITS or isinstance(bits, bool):
             raise ValueError(f"KIVI bits must be one of {BITS}, got {bits!r}")
-        if not is_int(residual) or residual < 1:
-            raise ValueError(f"residual (full-precision tokens, also the key group) must be a positive integer, got {residual!r}")
+        recent = check_count(recent, "recent", what=" (full-precision tokens, also the key group)")
         if cfg.head_dim % (8 // bits):
             raise ValueError(f"{bits}-bit codes pack {8 // bits} to a byte: head_dim {cfg.head_dim} must be a multiple")
-        self.cfg, self.max_len, self.bits, self.R, self.n = cfg, int(max_len), int(bits), int(residual), 0
-        Hkv, D, L, R = cfg.n_kv_head, cfg.head_dim, self.max_len, self.R
+        self.cfg, self.max_len, self.bits, self.recent, self.n = cfg, max_len, int(bits), recent, 0
+        Hkv, D, L, R = cfg.n_kv_head, cfg.head_dim, self.max_len, self.recent
         groups = -(-L // R)
         self.k_codes = [np.zeros((Hkv, groups * R, D * bits // 8), np.uint8) for _ in range(cfg.n_layer)]
         self.k_lo = [np.zeros((Hkv, groups, 1, D), np.float16) for _ in range(cfg.n_layer)]  # per group and channel
@@ -87,43 +83,33 @@ class KiviCache:
         self.v_codes = [np.zeros((Hkv, L, D * bits // 8), np.uint8) for _ in range(cfg.n_layer)]
         self.v_lo = [np.zeros((Hkv, L, 1), np.float16) for _ in range(cfg.n_layer)]  # per token
         self.v_step = [np.zeros((Hkv, L, 1), np.float16) for _ in range(cfg.n_layer)]
-        self.k_res = [np.zeros((Hkv, R, D), np.float32) for _ in range(cfg.n_layer)]  # slot p % R: position p
-        self.v_res = [np.zeros((Hkv, R, D), np.float32) for _ in range(cfg.n_layer)]
+        self.k_recent = [np.zeros((Hkv, R, D), np.float32) for _ in range(cfg.n_layer)]  # slot p % R: position p
+        self.v_recent = [np.zeros((Hkv, R, D), np.float32) for _ in range(cfg.n_layer)]
         self.new_k = [None] * cfg.n_layer  # per layer: this step's K and V (Hkv, T, D), stored at `advance`
         self.new_v = [None] * cfg.n_layer
         self.written = [0] * cfg.n_layer
 
     # where each position lives: keys of complete groups of R, and values outside the last R, are codes
     def _key_codes_end(self, n: int) -> int:
-        return n // self.R * self.R
+        return n // self.recent * self.recent
 
     def _value_codes_end(self, n: int) -> int:
-        return max(n - self.R, 0)
+        return max(n - self.recent, 0)
 
-    # the same checks and the same `feed` as KVCache's: they read only cfg, n, max_len and written
-    check_room, _check_layer, _check_advance, feed = (KVCache.check_room, KVCache._check_layer,
-                                                      KVCache._check_advance, KVCache.feed)
+    # the same room rule and the same `feed` as KVCache's: they read only cfg, n and max_len
+    check_room, feed = KVCache.check_room, KVCache.feed
 
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         """Hold K, V (Hkv, T, D) of T new positions at n..n+T-1 for this step: reads return them
         as they are, and `advance` stores them."""
-        self._check_layer(layer)
-        T = k.shape[1] if getattr(k, "ndim", 0) == 3 else 0
-        expected = (self.cfg.n_kv_head, T, self.cfg.head_dim)
-        if not T or np.shape(k) != expected or np.shape(v) != expected:
-            raise ValueError(f"k and v must be (n_kv_head, T, head_dim) = (Hkv, T, {self.cfg.head_dim}) with "
-                             f"T >= 1, got shapes {np.shape(k)} and {np.shape(v)}")
-        if not (np.isfinite(k).all() and np.isfinite(v).all()):
-            raise ValueError("K/V values must be finite: NaN or inf has no code")
-        self.check_room(T)
         self.new_k[layer], self.new_v[layer] = np.array(k, np.float32), np.array(v, np.float32)
-        self.written[layer] = self.n + T
+        self.written[layer] = self.n + k.shape[1]
 
     def _store(self, layer: int) -> None:
         """Store this step's K and V of one layer: finished key groups and values that leave the
         window become codes, the rest goes into the full-precision part."""
         k, v = self.new_k[layer], self.new_v[layer]
-        n, R = self.n, self.R
+        n, R = self.n, self.recent
         end = n + k.shape[1]
         k_all = np.concatenate([self._exact_keys(layer, n), k], axis=1)  # (Hkv, end - key codes' end, D)
         first = self._key_codes_end(n)
@@ -132,29 +118,25 @@ class KiviCache:
             self.k_codes[layer][:, g0:g0 + R] = _pack(codes, self.bits)
             self.k_lo[layer][:, g0 // R], self.k_step[layer][:, g0 // R] = lo, step
         rest = np.arange(self._key_codes_end(end), end)
-        self.k_res[layer][:, rest % R] = k_all[:, rest - first]
+        self.k_recent[layer][:, rest % R] = k_all[:, rest - first]
         v_first = self._value_codes_end(n)
-        v_all = np.concatenate([self.v_res[layer][:, np.arange(v_first, n) % R], v], axis=1)
+        v_all = np.concatenate([self.v_recent[layer][:, np.arange(v_first, n) % R], v], axis=1)
         leaving = np.arange(v_first, self._value_codes_end(end))  # values that leave the window
         if len(leaving):
             codes, lo, step = _quantize(v_all[:, leaving - v_first], 2, self.bits)  # per token
             self.v_codes[layer][:, leaving] = _pack(codes, self.bits)
             self.v_lo[layer][:, leaving], self.v_step[layer][:, leaving] = lo, step
         window = np.arange(self._value_codes_end(end), end)
-        self.v_res[layer][:, window % R] = v_all[:, window - v_first]
+        self.v_recent[layer][:, window % R] = v_all[:, window - v_first]
         self.new_k[layer] = self.new_v[layer] = None
 
     def _exact_keys(self, layer, n):
         """The full-precision keys of positions key codes' end..n-1, (Hkv, n - that, D)."""
-        return self.k_res[layer][:, np.arange(self._key_codes_end(n), n) % self.R]
+        return self.k_recent[layer][:, np.arange(self._key_codes_end(n), n) % self.recent]
 
     def read(self, layer: int, end: int):
         """K, V of positions 0..end-1 as float32, each (Hkv, end, D): codes dequantized, the rest as stored."""
-        self._check_layer(layer)
-        if not is_int(end) or not 1 <= end <= self.written[layer]:
-            raise ValueError(f"end must be an integer in 1..{self.written[layer]}: layer {layer} of the KV cache "
-                             f"holds {self.written[layer]} written positions, got {end!r}")
-        n, R, Hkv, D = self.n, self.R, self.cfg.n_kv_head, self.cfg.head_dim
+        n, R, Hkv, D = self.n, self.recent, self.cfg.n_kv_head, self.cfg.head_dim
         kq = self._key_codes_end(n)
         groups = _unpack(self.k_codes[layer][:, :kq], self.bits).reshape(Hkv, kq // R, R, D)
         keys = np.concatenate([_dequantize(groups, self.k_lo[layer][:, :kq // R],
@@ -163,7 +145,7 @@ class KiviCache:
         vq = self._value_codes_end(n)
         values = np.concatenate([_dequantize(_unpack(self.v_codes[layer][:, :vq], self.bits),
                                              self.v_lo[layer][:, :vq], self.v_step[layer][:, :vq]),
-                                 self.v_res[layer][:, np.arange(vq, n) % R]], axis=1)
+                                 self.v_recent[layer][:, np.arange(vq, n) % R]], axis=1)
         if self.written[layer] > n:  # this step's own positions, as they came
             keys = np.concatenate([keys, self.new_k[layer]], axis=1)
             values = np.concatenate([values, self.new_v[layer]], axis=1)
@@ -171,7 +153,6 @@ class KiviCache:
 
     def advance(self, count: int) -> None:
         """End the step: store every layer's new K and V, and count them as cached."""
-        self._check_advance(count)
         for layer in range(self.cfg.n_layer):
             self._store(layer)
         self.n += int(count)
@@ -179,9 +160,7 @@ class KiviCache:
     def truncate(self, n: int) -> None:
         """Keep the first n positions. Positions that were codes and are full precision again at n
         (a key group left unfinished, values back inside the window) get their dequantized values."""
-        if not is_int(n) or not 0 <= n <= self.n:
-            raise ValueError(f"cannot truncate the KV cache to {n!r}: it holds {self.n} positions")
-        R, held = self.R, self.n
+        R, held = self.recent, self.n
         self.written = [held] * self.cfg.n_layer  # a step's unstored positions are dropped
         self.new_k, self.new_v = [None] * self.cfg.n_layer, [None] * self.cfg.n_layer
         for layer in range(self.cfg.n_layer):
@@ -189,8 +168,8 @@ class KiviCache:
             v_back = np.arange(self._value_codes_end(n), min(n, self._value_codes_end(held)))
             if held and (len(k_back) or len(v_back)):
                 keys, values = self.read(layer, held)
-                self.k_res[layer][:, k_back % R] = keys[:, k_back]
-                self.v_res[layer][:, v_back % R] = values[:, v_back]
+                self.k_recent[layer][:, k_back % R] = keys[:, k_back]
+                self.v_recent[layer][:, v_back % R] = values[:, v_back]
         self.n = int(n)
         self.written = [self.n] * self.cfg.n_layer
 
@@ -205,10 +184,10 @@ class KiviCache:
     @property
     def nbytes(self) -> int:
         """Bytes of the codes, their float16 minima and steps, and the full-precision part."""
-        arrays = (self.k_codes, self.k_lo, self.k_step, self.v_codes, self.v_lo, self.v_step, self.k_res, self.v_res)  # not
+        arrays = (self.k_codes, self.k_lo, self.k_step, self.v_codes, self.v_lo, self.v_step, self.k_recent, self.v_recent)  # not
         # new_k and new_v: a step's own K and V, held while it runs
         return sum(a.nbytes for group in arrays for a in group)
 
     def __repr__(self):
-        return (f"KiviCache(n={self.n}, max_len={self.max_len}, {self.bits}-bit, residual={self.R}, "
+        return (f"KiviCache(n={self.n}, max_len={self.max_len}, {self.bits}-bit, recent={self.recent}, "
                 f"nbytes={self.nbytes:,})")

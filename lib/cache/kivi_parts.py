@@ -12,22 +12,23 @@ cache, without its packing. `lib.cache.kivi.KiviCache` stores the codes themselv
 settings and a float32 window the two read the same numbers (tests/test_kivi_parts.py). `nbytes`
 counts what the stored form would take: the codes, their float16 ranges and the window.
 
-- keys="channel": a key group of `residual` tokens is rounded per channel once it is complete
+- keys="channel": a key group of `recent` tokens is rounded per channel once it is complete
   (KIVI's streaming groups; the group is also the window); keys="token": each key is rounded
   per head and token as it leaves the window, as values always are.
 - zero_point=True: x ~ lo + step * code, codes 0..2^bits - 1 (KIVI); False: x ~ scale * q,
   q in [-(2^(bits-1) - 1), 2^(bits-1) - 1] with scale = max|x| / that (as lib.cache.quant's int4).
-- residual: the window of full-precision tokens (0: none, only with per-token keys), kept in
-  `window` = "float16" (KIVI's, the model's dtype there) or "float32".
+- recent: the window of full-precision tokens (KIVI's residual; 0: none, only with per-token keys),
+  kept in `recent_dtype` = "float16" (KIVI's, the model's dtype there) or "float32".
 """
 import numpy as np
 
 from lib.cache.kivi import BITS, _dequantize, _quantize
 from lib.cache.kv_cache import KVCache
-from lib.config import ModelConfig, is_int
+from lib.checks import check_count
+from lib.config import ModelConfig
 
 KEYS = ("channel", "token")
-WINDOWS = {"float32": 4, "float16": 2}  # the window's dtype: bytes per value
+RECENT_DTYPES = {"float32": 4, "float16": 2}  # the window's dtype: bytes per value
 
 
 def _up16(s):
@@ -48,7 +49,7 @@ def _round_trip(x, axis: int, bits: int, zero_point: bool) -> np.ndarray:
 
 class KiviParts(KVCache):
     def __init__(self, cfg: ModelConfig, max_len: int | None = None, bits: int = 4, keys: str = "channel",
-                 zero_point: bool = True, residual: int = 32, window: str = "float16"):
+                 zero_point: bool = True, recent: int = 32, recent_dtype: str = "float16"):
         super().__init__(cfg, max_len)
         if bits not in BITS or isinstance(bits, bool):
             raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
@@ -56,24 +57,24 @@ class KiviParts(KVCache):
             raise ValueError(f"keys must be quantized per 'channel' or per 'token', got {keys!r}")
         if not isinstance(zero_point, (bool, np.bool_)):
             raise TypeError(f"zero_point must be True or False, got {zero_point!r}")
-        if not is_int(residual) or residual < (keys == "channel"):
-            raise ValueError(f"residual (full-precision tokens) must be an integer >= {int(keys == 'channel')}"
-                             f"{' (per-channel keys need a group)' if keys == 'channel' else ''}, got {residual!r}")
-        if window not in WINDOWS:
-            raise ValueError(f"window must be one of {', '.join(WINDOWS)}, got {window!r}")
+        recent = check_count(recent, "recent", low=int(keys == "channel"),
+                             what=" (full-precision tokens; per-channel keys need a group)" if keys == "channel" else "")
+        if recent_dtype not in RECENT_DTYPES:
+            raise ValueError(f"recent_dtype must be one of {', '.join(RECENT_DTYPES)}, got {recent_dtype!r}")
         if cfg.head_dim * bits % 8:
             raise ValueError(f"{bits}-bit codes pack {8 // bits} to a byte: head_dim {cfg.head_dim} must be a multiple")
-        self.bits, self.keys, self.zero_point, self.R, self.window = int(bits), keys, bool(zero_point), int(residual), window
+        self.bits, self.keys, self.zero_point = int(bits), keys, bool(zero_point)
+        self.recent, self.recent_dtype = recent, recent_dtype
 
     def advance(self, count: int) -> None:
         """End the step: round what KIVI would store now (finished key groups, positions leaving the
         window) to their codes' values, and this step's positions in the window to its dtype."""
         n = self.n
         super().advance(count)
-        R, end = self.R, self.n
+        R, end = self.recent, self.n
         for arrays, per_channel in ((self.k, self.keys == "channel"), (self.v, False)):
             for x in arrays:  # (Hkv, max_len, D) per layer
-                if self.window == "float16" and R:  # the window's dtype (and the values it passes on)
+                if self.recent_dtype == "float16" and R:  # the window's dtype (and the values it passes on)
                     x[:, n:end] = x[:, n:end].astype(np.float16)
                 if per_channel:
                     for g0 in range(n // R * R, end // R * R, R):  # key groups this step completed
@@ -85,14 +86,14 @@ class KiviParts(KVCache):
     @property
     def nbytes(self) -> int:
         """Bytes of the stored form: codes, float16 ranges (one or two numbers each) and the window."""
-        Hkv, D, L, R = self.cfg.n_kv_head, self.cfg.head_dim, self.max_len, self.R
+        Hkv, D, L, R = self.cfg.n_kv_head, self.cfg.head_dim, self.max_len, self.recent
         key_len = -(-L // R) * R if self.keys == "channel" else L  # key codes: whole groups
         ranges = (-(-L // R) * D if self.keys == "channel" else L) + L  # keys' ranges, then the values'
         per_layer = (key_len + L) * D * self.bits // 8 + ranges * 2 * (1 + self.zero_point) \
-            + 2 * R * D * WINDOWS[self.window]
+            + 2 * R * D * RECENT_DTYPES[self.recent_dtype]
         return self.cfg.n_layer * Hkv * per_layer
 
     def __repr__(self):
         return (f"KiviParts(n={self.n}, {self.bits}-bit, keys per {self.keys}, "
-                f"{'zero points' if self.zero_point else 'symmetric'}, window {self.R} in {self.window}, "
+                f"{'zero points' if self.zero_point else 'symmetric'}, window {self.recent} in {self.recent_dtype}, "
                 f"nbytes={self.nbytes:,})")

@@ -5,18 +5,21 @@ positions taken from one pool, so memory is allocated as a sequence grows instea
 longest possible length. `PagedKVCache` is the pool, per layer (blocks, KV heads, block size,
 head dim), stored in any of `lib.cache.kv_cache`'s forms; `lib.cache.blocks.BlockManager` decides which
 block holds which positions (free list, reference counts, prefix hashes, copy-on-write) and
-`PagedKVCache` applies the block copies it asks for. Slots are reserved for the tokens
-actually fed (`reserve`), and a step that fails is undone (`rollback`). `PagedSequence` offers
-the `KVCache` interface, and `feed(new_tokens, step)` runs `model.forward_cached` (or a
-`LeanModel`) through the block table.
+`PagedKVCache` applies the block copies it asks for. `PagedSequence` offers the `KVCache`
+interface, and `feed(new_tokens, step)` runs `model.forward_cached` (or a `LeanModel`) through the
+block table: it checks the tokens and that their blocks are free, reserves slots for exactly
+those tokens (`reserve`), runs the step, and names the blocks it filled (`commit`).
 """
+from collections.abc import Hashable
+from contextlib import contextmanager
+
 import numpy as np
 
 from lib.cache import quant
 from lib.cache.blocks import BlockManager
 from lib.cache.kv_cache import check_step, fixed_scales, storage
 from lib.checks import check_tokens
-from lib.config import ModelConfig, is_int
+from lib.config import ModelConfig
 
 
 class PagedKVCache:
@@ -25,11 +28,11 @@ class PagedKVCache:
     dtype and granularity as for `lib.cache.kv_cache.KVCache`: quantized pools store codes (int4: D/2
     bytes) and, per layer, scales as (num_blocks, Hkv, block_size) float32 for 'position' (each
     slot's float16 scale, set when it is written) or (1, Hkv, 1) / (1, 1, 1) for 'head' / 'tensor'
-    (fixed from a calibration); unquantized pools keep scales of one, (1, 1, 1)."""
+    (fixed from K/V maxima); unquantized pools keep scales of one, (1, 1, 1)."""
 
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int = 16, prefix_caching: bool = True,
-                 dtype="float32", granularity: str = "position", calibration=None):
-        self.form, self.granularity = storage(cfg, dtype, granularity, calibration)
+                 dtype="float32", granularity: str = "position", maxima=None):
+        self.form, self.granularity = storage(cfg, dtype, granularity, maxima)
         self.cfg = cfg
         self.manager = BlockManager(num_blocks, block_size, prefix_caching)
         shape = (self.manager.num_blocks, cfg.n_kv_head, self.manager.block_size, self.form.width(cfg.head_dim))
@@ -39,7 +42,7 @@ class PagedKVCache:
             self.k_scale = [np.ones(shape[:3], np.float32) for _ in range(cfg.n_layer)]  # (blocks, Hkv, bs)
             self.v_scale = [np.ones(shape[:3], np.float32) for _ in range(cfg.n_layer)]
         elif self.granularity is not None:
-            k_fixed, v_fixed = fixed_scales(self.form.name, self.granularity, calibration)
+            k_fixed, v_fixed = fixed_scales(self.form, self.granularity, maxima)
             self.k_scale = [s.reshape(1, -1, 1) for s in k_fixed]  # (1, Hkv or 1, 1)
             self.v_scale = [s.reshape(1, -1, 1) for s in v_fixed]
         else:
@@ -63,7 +66,7 @@ class PagedKVCache:
         for x, codes, scales in ((k, self.k, self.k_scale), (v, self.v, self.v_scale)):
             s = None  # an unscaled form stores the values themselves
             if self.granularity == "position":
-                s = quant.position_scales(x, self.form.name).astype(np.float32)  # (T, Hkv, 1)
+                s = quant.position_scales(x, self.form.qmax).astype(np.float32)  # (T, Hkv, 1)
                 scales[layer][blocks, :, offsets] = s[..., 0]
             elif self.granularity:
                 s = scales[layer].reshape(-1, 1)  # (Hkv or 1, 1): broadcasts over (T, Hkv, D)
@@ -86,22 +89,75 @@ class PagedKVCache:
 
     def add(self, seq_id, prompt) -> "PagedSequence":
         """Allocate a sequence for a prompt; its `n` says how many prompt positions are already cached."""
+        self._check_new_id(seq_id, "seq_id")
         self.manager.allocate(seq_id, check_tokens(prompt, self.cfg))
         self._apply_copies()
         return PagedSequence(self, seq_id)
 
     def fork(self, parent: "PagedSequence", child_id) -> "PagedSequence":
-        self.manager.fork(self._own(parent, "parent").seq_id, child_id)
+        check_live(parent, "parent", self)
+        self._check_new_id(child_id, "child_id")
+        self.manager.fork(parent.seq_id, child_id)
         return PagedSequence(self, child_id)
 
     def free(self, seq: "PagedSequence") -> None:
         """Drop a sequence and release its blocks."""
-        self.manager.deallocate(self._own(seq, "seq").seq_id)
+        check_live(seq, "seq", self)
+        self.manager.deallocate(seq.seq_id)
 
-    def _own(self, seq, name) -> "PagedSequence":
-        if not isinstance(seq, PagedSequence) or seq.pool is not self:
-            raise TypeError(f"{name} must be a sequence of this pool (from add or fork), got {type(seq).__name__}")
-        return seq
+    def _check_new_id(self, seq_id, name) -> None:
+        if not isinstance(seq_id, Hashable):
+            raise TypeError(f"{name} must be hashable (a str or an int names a sequence), got {type(seq_id).__name__}")
+        if seq_id in self.manager.tables:
+            raise ValueError(f"sequence {seq_id!r} is already allocated")
+
+
+def check_live(seq, name: str, pool: PagedKVCache | None = None) -> None:
+    """A sequence from `add` or `fork` (of `pool`, if given) that is not freed."""
+    if not isinstance(seq, PagedSequence) or pool not in (None, seq.pool):
+        raise TypeError(f"{name} must be a paged sequence (lib.cache.paged.PagedSequence, from add or fork"
+                        f"{' of this pool' if pool else ''}), got {type(seq).__name__}")
+    if seq.seq_id not in seq.pool.manager.tables:
+        raise ValueError(f"unknown sequence {seq.seq_id!r}: never allocated, or already freed")
+
+
+def check_feed(seqs, new_tokens) -> list:
+    """The checked tokens of a feed: one token list per distinct live sequence, and free blocks for
+    all of them, so that nothing is reserved for a feed that would be refused."""
+    for name, value in (("seqs", seqs), ("new_tokens", new_tokens)):
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"{name} must be a list, one entry per sequence, got {type(value).__name__}")
+    if len(new_tokens) != len(seqs) or not seqs:
+        raise ValueError(f"a batch needs one token list per sequence: got {len(new_tokens)} and {len(seqs)}")
+    for seq in seqs:
+        check_live(seq, "seqs")
+    if len({(id(s.pool), s.seq_id) for s in seqs}) != len(seqs):
+        raise ValueError("the same sequence appears twice in one batch")
+    tokens = [check_tokens(t, s.cfg, s.n) for s, t in zip(seqs, new_tokens)]
+    for pool in {id(s.pool): s.pool for s in seqs}.values():
+        mine = [(s, t) for s, t in zip(seqs, tokens) if s.pool is pool]
+        need = sum(pool.manager.append_need(s.seq_id, len(t)) for s, t in mine)
+        if need > pool.manager.num_free:
+            raise ValueError(f"KV pool is out of blocks: {sum(len(t) for _, t in mine)} more tokens need {need} "
+                             f"blocks, {pool.manager.num_free} are free")
+    return tokens
+
+
+@contextmanager
+def reserved(seqs, new_tokens):
+    """Slots for each sequence's (checked) new tokens while a step writes them; after a step that
+    succeeded, each sequence's filled blocks become findable by their hash (`commit`)."""
+    for seq, tokens in zip(seqs, new_tokens):
+        seq.pool.manager.reserve(seq.seq_id, tokens)
+        seq.pool._apply_copies()
+        seq._armed = len(tokens)
+    try:
+        yield
+    finally:
+        for seq in seqs:
+            seq._armed = 0
+    for seq in seqs:
+        seq.pool.manager.commit(seq.seq_id, seq.n)
 
 
 class PagedSequence:
@@ -115,7 +171,6 @@ class PagedSequence:
     @property
     def n(self) -> int:
         """Positions whose K/V are written."""
-        self.pool.manager._check_seq(self.seq_id)
         return self.pool.manager.computed[self.seq_id]
 
     @property
@@ -129,27 +184,16 @@ class PagedSequence:
 
     def feed(self, new_tokens, step):
         """Compute new tokens at positions n.. with step(tokens, cache), e.g. forward_cached, and
-        return their logits. Slots are reserved for these tokens; if the step fails, the sequence
-        and the pool are as they were, and its blocks become findable only once written."""
-        manager, start = self.pool.manager, self.n
+        return their logits. A feed that is refused changes nothing; its blocks become findable
+        only once written."""
         check_step(step)
-        new_tokens = check_tokens(new_tokens, self.cfg, start)
-        reservation = manager.reserve(self.seq_id, new_tokens)
-        self.pool._apply_copies()
-        self._armed = len(new_tokens)
-        try:
-            logits = step(new_tokens, self)
-            if self.n != start + len(new_tokens):
-                raise RuntimeError(f"the step wrote {self.n - start} positions, not the {len(new_tokens)} fed")
-        except BaseException:
-            self._armed = 0
-            manager.rollback(self.seq_id, reservation)
-            raise
-        manager.commit(self.seq_id, reservation, self.n)
-        return logits
+        (tokens,) = check_feed([self], [new_tokens])
+        with reserved([self], [tokens]):
+            return step(tokens, self)
 
     def check_room(self, count: int) -> None:
-        if not is_int(count) or count != self._armed:
+        """The room a step may write: exactly the positions `feed` reserved."""
+        if count != self._armed:
             raise ValueError(f"sequence {self.seq_id!r} computes tokens only through feed(tokens, step), "
                              f"which reserves their slots: {count} positions were asked outside it")
 
@@ -157,34 +201,16 @@ class PagedSequence:
         pos = np.arange(start, stop)
         return np.asarray(self.block_table)[pos // self.pool.manager.block_size], pos % self.pool.manager.block_size
 
-    def _check_layer(self, layer) -> None:
-        if not is_int(layer) or not 0 <= layer < self.cfg.n_layer:
-            raise ValueError(f"layer must be an integer in 0..{self.cfg.n_layer - 1}, got {layer!r}")
-
     def write(self, layer, k, v):
         """Scatter K, V (Hkv, T, D) of positions n..n+T-1 into their blocks (T: the tokens `feed` reserved)."""
-        self._check_layer(layer)
-        expected = (self.cfg.n_kv_head, self._armed, self.cfg.head_dim)
-        if not self._armed or getattr(k, "shape", ()) != expected or getattr(v, "shape", ()) != expected:
-            raise ValueError(f"k and v must be (n_kv_head, T, head_dim) = {expected} for the {self._armed} positions "
-                             f"that feed reserved, got shapes {np.shape(k)} and {np.shape(v)}")
         blocks, offsets = self._slots(self.n, self.n + k.shape[1])
         self.pool.store(layer, blocks, offsets, k.transpose(1, 0, 2), v.transpose(1, 0, 2))  # (T, Hkv, D)
 
     def read(self, layer, end):
-        """Gather K, V of positions 0..end-1 through the block table: (Hkv, end, D) each, float32. Only
-        written positions, and inside `feed` the ones it reserved."""
-        self._check_layer(layer)
-        written = self.n + self._armed
-        if not is_int(end) or not 1 <= end <= written:
-            raise ValueError(f"end must be an integer in 1..{written}: sequence {self.seq_id!r} holds {written} "
-                             f"written or reserved positions, got {end!r}")
+        """Gather K, V of positions 0..end-1 through the block table: (Hkv, end, D) each, float32."""
         return self.pool.load(layer, self.block_table[:-(-end // self.pool.manager.block_size)], end)
 
     def advance(self, count):
-        if not is_int(count) or count != self._armed or not count:
-            raise ValueError(f"sequence {self.seq_id!r} advances only inside feed(tokens, step), by the {self._armed} "
-                             f"positions it reserved, got count {count!r}")
         self.pool.manager.computed[self.seq_id] += count
         self._armed = 0
 

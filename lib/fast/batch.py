@@ -17,8 +17,8 @@ import math
 
 import numpy as np
 
-from lib.cache.paged import PagedSequence
-from lib.checks import check_cache, check_tokens
+from lib.cache.paged import PagedSequence, check_feed, reserved
+from lib.checks import check_cache
 from lib.fast.lean import GELU_S, LeanModel
 from lib.fast.paged_kernel import attend_paged
 from lib.model import GELU_C, LN_EPS, Model, head, layer_norm, mlp
@@ -192,22 +192,9 @@ def _attend(rows: _Rows, i, q, k, v, scale, space):
     return y
 
 
-def check_batch(cfg, new_tokens, caches):
-    """Same number of token lists and caches, each cache distinct and made for this model."""
-    for name, value in (("new_tokens", new_tokens), ("caches", caches)):
-        if not isinstance(value, (list, tuple)):
-            raise TypeError(f"{name} must be a list, one entry per sequence, got {type(value).__name__}")
-    if len(new_tokens) != len(caches) or not caches:
-        raise ValueError(f"a batch needs one token list per cache: got {len(new_tokens)} and {len(caches)}")
-    if len({id(c) for c in caches}) != len(caches):
-        raise ValueError("the same cache appears twice in one batch")
-    for c in caches:
-        check_cache(c, cfg)
-
-
 class BatchedModel:
-    """A model that steps many sequences at once: `step` on caches that have room (KVCache),
-    `feed` on paged sequences. model: a LeanModel, or a lib.model.Model for the plain path."""
+    """A model that steps many sequences at once: `feed` on paged sequences (checked), `step` on
+    any caches (KVCache) that have room. model: a LeanModel, or a lib.model.Model for the plain path."""
 
     def __init__(self, model):
         if not isinstance(model, (LeanModel, Model)):
@@ -216,13 +203,9 @@ class BatchedModel:
         self.cfg, self.space = self.w.cfg, _Space()
 
     def step(self, new_tokens, caches):
-        """Append new_tokens[b] to caches[b] for every b in one pass; returns each one's logits
-        (T_b, V). Everything is checked before any cache is written, so a bad call changes nothing."""
+        """Append new_tokens[b] to caches[b] for every b in one pass (distinct caches of this model,
+        with room); returns each one's logits (T_b, V)."""
         w, cfg = self.w, self.cfg
-        check_batch(cfg, new_tokens, caches)
-        new_tokens = [check_tokens(t, cfg, c.n) for t, c in zip(new_tokens, caches)]
-        for t, c in zip(new_tokens, caches):
-            c.check_room(len(t))
         lengths = [len(t) for t in new_tokens]
         rows = _Rows(caches, lengths, cfg)
         C, KV, H, Hkv, D = cfg.n_embd, cfg.kv_dim, cfg.n_head, cfg.n_kv_head, cfg.head_dim
@@ -239,20 +222,10 @@ class BatchedModel:
         return [logits[a:b] for a, b in zip(rows.offsets[:-1], rows.offsets[1:])]
 
     def feed(self, seqs, new_tokens):
-        """Advance paged sequences (or any caches with `feed`) by one batched step.
-
-        Each sequence's own `feed` reserves its slots, nested one inside the next, and the
-        innermost runs `step` once for all of them: a failure anywhere unwinds every feed."""
-        for name, value in (("seqs", seqs), ("new_tokens", new_tokens)):
-            if not isinstance(value, (list, tuple)):
-                raise TypeError(f"{name} must be a list, one entry per sequence, got {type(value).__name__}")
-        if not all(callable(getattr(s, "feed", None)) for s in seqs):
-            raise TypeError(f"seqs must be paged sequences (lib.cache.paged.PagedSequence), got {[type(s).__name__ for s in seqs]}")
-        if len(new_tokens) != len(seqs):
-            raise ValueError(f"a batch needs one token list per sequence: got {len(new_tokens)} and {len(seqs)}")
-
-        def nest(b):
-            if b == len(seqs):
-                return self.step(new_tokens, seqs)
-            return seqs[b].feed(new_tokens[b], lambda tokens, cache: nest(b + 1))
-        return nest(0)
+        """Advance paged sequences by one batched step: every sequence's tokens and blocks are
+        checked, then each one's slots are reserved and `step` runs once for all of them."""
+        new_tokens = check_feed(seqs, new_tokens)
+        for seq in seqs:
+            check_cache(seq, self.cfg)
+        with reserved(seqs, new_tokens):
+            return self.step(new_tokens, seqs)

@@ -21,7 +21,6 @@ numpy's products when it is built (`fastest_products`) and uses whichever is fas
 import numpy as np
 from numba import njit
 
-from lib.config import is_int
 from lib.timing import median_time
 
 MAX_ROWS = 9  # the kernel is considered for 1..MAX_ROWS rows (k = 8 verifies 9)
@@ -98,29 +97,17 @@ def _rows_times_transposed(a, wt, out):
             _one_row(a, wt, out, t, j0, j1, j2)
 
 
-def _matrices(a, w) -> bool:
-    """a (T, K) and w (K, N): two 2-D arrays whose inner dimensions match."""
-    return isinstance(a, np.ndarray) and isinstance(w, np.ndarray) and a.ndim == w.ndim == 2 and a.shape[1] == w.shape[0]
-
-
 def rows_product(a, w, out=None):
     """a @ w with the kernel: a (T, K) C-contiguous float32; w (K, N) float32 stored transposed,
     i.e. column-major (np.asfortranarray), so that w.T is C-contiguous; out (T, N) optional."""
-    if not (_matrices(a, w) and a.flags.c_contiguous and w.flags.f_contiguous):
-        raise ValueError(f"rows_product multiplies a C-contiguous (T, K) by a column-major (K, N) matrix, got "
-                         f"{np.shape(a)} and {np.shape(w)} (column-major: {isinstance(w, np.ndarray) and w.flags.f_contiguous})")
     if out is None:
         out = np.empty((a.shape[0], w.shape[1]), np.float32)  # (T, N)
-    elif out.shape != (a.shape[0], w.shape[1]):
-        raise ValueError(f"out has shape {out.shape}, expected {(a.shape[0], w.shape[1])}")
     _rows_times_transposed(a, w.T, out)
     return out
 
 
 def rows_as_batch(a, w, out=None):
     """a @ w as a batch of one-row products (T, 1, K) @ (K, N), with an optional out= (T, N)."""
-    if not _matrices(a, w):
-        raise ValueError(f"rows_as_batch multiplies a (T, K) by a (K, N) matrix, got {np.shape(a)} and {np.shape(w)}")
     return np.matmul(a[:, None, :], w, out=None if out is None else out[:, None, :])[:, 0]  # (T, 1, N) -> (T, N)
 
 
@@ -133,8 +120,6 @@ CLEAR_WIN = 0.8  # another product replaces numpy's only if it takes at most 80%
 def candidates(T: int) -> dict:
     """The products to try for T rows: for one row, numpy's (np.dot: BLAS's matrix-vector
     product, the cheapest numpy call for it) against the kernel; for more, all of CANDIDATES."""
-    if not is_int(T) or T < 1:
-        raise ValueError(f"T (rows) must be a positive integer, got {T!r}")
     return {"numpy": np.dot, "kernel": rows_product} if T == 1 else CANDIDATES
 
 

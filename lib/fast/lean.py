@@ -37,7 +37,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from lib.cache.kv_cache import KVCache
-from lib.checks import check_cache, check_params, check_tokens
+from lib.checks import check_params
 from lib.config import ModelConfig
 from lib.fast.kernels import MAX_ROWS, candidates, fastest_products
 from lib.model import GELU_C, LN_EPS
@@ -46,7 +46,7 @@ from lib.timing import single_thread
 GELU_S = (GELU_C * 0.044715) ** (1 / 3)  # h' = GELU_S * h makes the cubic coefficient 1
 SUM_MIN = 2.0 ** -100  # a row sum below this could lose precision to underflowed exponentials
 BATCHED_ROWS = 5  # with products="numpy", up to this many rows go through as one-row products
-CALIBRATION_BYTES = 32 * 2**20  # products="auto" times a pass over at most this many bytes of weights
+TIMED_BYTES = 32 * 2**20  # products="auto" times a pass over at most this many bytes of weights
 
 
 def _stacked(top, row, order):
@@ -104,7 +104,7 @@ class LeanModel:
         self.buffers = {}  # T -> views of the first T rows of self.store
 
     def _choose_products(self, products):
-        """{T: name of the product used for T rows} for T = 1..MAX_ROWS, and the calibration's
+        """{T: name of the product used for T rows} for T = 1..MAX_ROWS, and the products' measured
         times ({} unless measured). "numpy": numpy's layout and products, as before the kernel;
         "kernel": the kernel for 2..MAX_ROWS rows, BLAS's gemv for one."""
         if products == "numpy":
@@ -113,7 +113,7 @@ class LeanModel:
             return {T: "numpy" if T == 1 else "kernel" for T in range(1, MAX_ROWS + 1)}, {}
         matrices, size = [self.head.view(np.ndarray)], self.head.nbytes
         for layer in self.layers:  # the first layers, enough to stream from memory as a step does
-            if size >= CALIBRATION_BYTES:
+            if size >= TIMED_BYTES:
                 break
             matrices += [w.view(np.ndarray) for w in layer]
             size += sum(w.nbytes for w in layer)
@@ -156,11 +156,9 @@ class LeanModel:
         2^-100), so each weight is exp(s_j) / sum, the stable softmax's value, to float32 rounding.
         Otherwise (one score past ~88, a dozen near 85 whose sum overflows, or every score of a row
         far below 0) the step is rerun with the maximum subtracted. The cache advances only after
-        that, so both runs write the same positions."""
-        start = cache.n
-        tokens = check_tokens(new_tokens, self.cfg, start)
-        check_cache(cache, self.cfg)
-        cache.check_room(len(tokens))
+        that, so both runs write the same positions. The tokens are checked ids (as `feed` passes
+        them) and the cache, made for this model, has room for them."""
+        start, tokens = cache.n, new_tokens
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):  # checked just below
             logits, sums = self._forward(tokens, start, cache, stable=False)
             exact = SUM_MIN <= float(sums.min()) and math.isfinite(float(sums.max()))  # NaN fails both

@@ -6,7 +6,7 @@ no contiguous copy of the cache is gathered. A quantized cache (vLLM's fp8 cache
 2024) can only save time if the kernel also turns codes into numbers in registers, as it reads
 them, instead of dequantizing the cache into a float32 copy first: then a step reads the codes'
 bytes, not four bytes per value. One kernel (numba, `fastmath` so LLVM can reorder the sums
-into SIMD lanes) reads every stored form; `form` says how codes become numbers, and LLVM moves
+into SIMD lanes) reads every stored form; `decoding` says how codes become numbers, and LLVM moves
 that choice out of the inner loops:
 
 - a decoder from a code to a float32: int8 and float32 convert; an fp8 (e4m3) or float16 code
@@ -31,8 +31,6 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
-
-from lib.cache import quant
 
 LINE = 64  # bytes per cache line: one prefetch each
 
@@ -79,18 +77,18 @@ def _half(c):
     return bits_to_float(np.int32(((b & 0x8000) << 16) | ((b & 0x7FFF) << 13)))
 
 
-NUMBER, E4M3_BITS, HALF, NIBBLES = range(4)  # how codes become numbers: the `form` the kernel is compiled for
-# Per stored form: (form, what decoding multiplies values by, how the kernel views the codes)
+NUMBER, E4M3_BITS, HALF, NIBBLES = range(4)  # how codes become numbers: the `decoding` the kernel is compiled for
+# Per stored form: (decoding, what decoding multiplies values by, how the kernel views the codes)
 DECODINGS = {"float32": (NUMBER, 1.0, None), "int8": (NUMBER, 1.0, None), "fp8": (E4M3_BITS, 2.0 ** -120, None),
          "float16": (HALF, 2.0 ** -112, np.uint16), "int4": (NIBBLES, 1.0, None)}
 
 
 @njit(inline="always")
-def _decode(form, c):
-    """A code as float32, times DECODINGS' factor (`form` is a compile-time constant: one branch remains)."""
-    if form == E4M3_BITS:
+def _decode(decoding, c):
+    """A code as float32, times DECODINGS' factor (`decoding` is a compile-time constant: one branch remains)."""
+    if decoding == E4M3_BITS:
         return _e4m3(c)
-    if form == HALF:
+    if decoding == HALF:
         return _half(c)
     return _number(c)
 
@@ -132,9 +130,9 @@ def _fetch_next(pool, table, i, head, blocks):
 
 
 @njit(inline="always")
-def _dot(form, qh, kb, n, out):
+def _dot(decoding, qh, kb, n, out):
     """q . k_j into out[j] for the first n slots of one block and head (kb: (bs, W) codes)."""
-    if form == NIBBLES:
+    if decoding == NIBBLES:
         _dot_nibbles(qh, kb, n, out)
         return
     j = 0
@@ -143,23 +141,23 @@ def _dot(form, qh, kb, n, out):
         a0 = a1 = a2 = a3 = np.float32(0.0)
         for d in range(qh.size):
             x = qh[d]
-            a0 += x * _decode(form, k0[d])
-            a1 += x * _decode(form, k1[d])
-            a2 += x * _decode(form, k2[d])
-            a3 += x * _decode(form, k3[d])
+            a0 += x * _decode(decoding, k0[d])
+            a1 += x * _decode(decoding, k1[d])
+            a2 += x * _decode(decoding, k2[d])
+            a3 += x * _decode(decoding, k3[d])
         out[j], out[j + 1], out[j + 2], out[j + 3] = a0, a1, a2, a3
         j += 4
     for t in range(j, n):
         a, k = np.float32(0.0), kb[t]
         for d in range(qh.size):
-            a += qh[d] * _decode(form, k[d])
+            a += qh[d] * _decode(decoding, k[d])
         out[t] = a
 
 
 @njit(inline="always")
-def _axpy(form, w, vb, n, acc):
+def _axpy(decoding, w, vb, n, acc):
     """acc += w_j v_j over the first n slots of one block and head (vb: (bs, W) codes)."""
-    if form == NIBBLES:
+    if decoding == NIBBLES:
         _axpy_nibbles(w, vb, n, acc)
         return
     j = 0
@@ -167,13 +165,13 @@ def _axpy(form, w, vb, n, acc):
         v0, v1, v2, v3 = vb[j], vb[j + 1], vb[j + 2], vb[j + 3]
         w0, w1, w2, w3 = w[j], w[j + 1], w[j + 2], w[j + 3]
         for d in range(acc.size):
-            acc[d] += (w0 * _decode(form, v0[d]) + w1 * _decode(form, v1[d]) + w2 * _decode(form, v2[d])
-                       + w3 * _decode(form, v3[d]))
+            acc[d] += (w0 * _decode(decoding, v0[d]) + w1 * _decode(decoding, v1[d]) + w2 * _decode(decoding, v2[d])
+                       + w3 * _decode(decoding, v3[d]))
         j += 4
     for t in range(j, n):
         wt, v = w[t], vb[t]
         for d in range(acc.size):
-            acc[d] += wt * _decode(form, v[d])
+            acc[d] += wt * _decode(decoding, v[d])
 
 
 @njit(inline="always")
@@ -238,13 +236,13 @@ def _axpy_nibbles(w, vb, n, acc):
 
 
 @njit(fastmath=True, nogil=True, cache=True)
-def paged_attention(form, q, k_pool, v_pool, k_scale, v_scale, unit, tables, seq, pos, scale, out):
+def paged_attention(decoding, q, k_pool, v_pool, k_scale, v_scale, unit, tables, seq, pos, scale, out):
     """Row r, of sequence seq[r] at position pos[r], attends to keys 0..pos[r] through the
     block table tables[seq[r]]; query head h reads K/V head h // G.
 
     q, out: (R, H, D); k_pool, v_pool: (blocks, Hkv, bs, W) codes, W = D or D/2;
     k_scale, v_scale: (blocks, Hkv, bs) or (1, Hkv or 1, 1); tables: (B, width); seq, pos: (R,)"""
-    split = form == NIBBLES  # int4: query and output channels even first, then odd, as the nibbles lie
+    split = decoding == NIBBLES  # int4: query and output channels even first, then odd, as the nibbles lie
     root = np.float32(np.sqrt(unit))  # keys: half of the decoding's factor before the products, half after
     R, H, D = q.shape
     Hkv, bs = k_pool.shape[1], k_pool.shape[2]
@@ -264,7 +262,7 @@ def paged_attention(form, q, k_pool, v_pool, k_scale, v_scale, unit, tables, seq
                 _fetch_next(k_pool, table, i, g, blocks)
                 for h in range(g * G, g * G + G):
                     sc = scores[h, i * bs:i * bs + n]
-                    _dot(form, qs[h], k_pool[block, g], n, sc)
+                    _dot(decoding, qs[h], k_pool[block, g], n, sc)
                     for j in range(n):
                         sc[j] *= _scale_at(k_scale, block, g, j) * root
         for h in range(H):  # softmax, row by row (normalised at the end)
@@ -282,7 +280,7 @@ def paged_attention(form, q, k_pool, v_pool, k_scale, v_scale, unit, tables, seq
                 for h in range(g * G, g * G + G):
                     for j in range(n):
                         w[j] = scores[h, i * bs + j] * _scale_at(v_scale, block, g, j) * unit
-                    _axpy(form, w, v_pool[block, g], n, acc[h])
+                    _axpy(decoding, w, v_pool[block, g], n, acc[h])
         for h in range(H):
             for d in range(D):
                 out[r, h, d] = acc[h, d // 2 + (d % 2) * half if split else d] / total[h]
@@ -290,12 +288,10 @@ def paged_attention(form, q, k_pool, v_pool, k_scale, v_scale, unit, tables, seq
 
 def attend_paged(q, pool, layer, tables, seq, pos, scale):
     """paged attention over one layer of `pool` (a lib.cache.paged.PagedKVCache of any dtype): q (R, H, D) -> (R, H, D)."""
-    form, unit, view = DECODINGS[pool.form.name]
+    decoding, unit, view = DECODINGS[pool.form.name]
     k, v = (a if view is None else a.view(view) for a in (pool.k[layer], pool.v[layer]))
     out = np.empty(q.shape, np.float32)  # (R, H, D)
-    paged_attention(form, np.ascontiguousarray(q), k, v, pool.k_scale[layer], pool.v_scale[layer], np.float32(1 / unit),
+    paged_attention(decoding, np.ascontiguousarray(q), k, v, pool.k_scale[layer], pool.v_scale[layer], np.float32(1 / unit),
                     tables, seq, pos, np.float32(scale), out)
     return out
 
-
-assert set(DECODINGS) == set(quant.FORMS)

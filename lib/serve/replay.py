@@ -102,8 +102,8 @@ class Replay:
             end = start + len(new)
             if known[start:end].tolist() != [int(x) for x in new]:
                 raise ValueError(f"sequence {seq.seq_id}: fed tokens differ from the record at position {start}")
-            reservation = manager.reserve(seq.seq_id, new)
+            manager.reserve(seq.seq_id, new)
             manager.copies.clear()
-            manager.commit(seq.seq_id, reservation, end)
+            manager.commit(seq.seq_id, end)
             out.append(self.rows[self.after[seq.seq_id][start:end]])  # (T, V): row i predicts position start + i + 1
         return out

@@ -82,7 +82,8 @@ def shared_manager() -> BlockManager:
     """A forks into B, which appends; C starts with A's first two blocks: blocks with 1 to 3 users."""
     m = BlockManager(num_blocks=10, block_size=4)
     def write(seq_id, new):
-        m.commit(seq_id, m.reserve(seq_id, new), m.computed[seq_id] + len(new))
+        m.reserve(seq_id, new)
+        m.commit(seq_id, m.computed[seq_id] + len(new))
     prompt = list(range(10))
     m.allocate("A", prompt)
     write("A", prompt)

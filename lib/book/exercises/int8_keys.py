@@ -44,7 +44,7 @@ def _check_scale(case, k, scale):
                 "over the head dimension (the last axis)" if np.shape(scale) == (Hkv, 1, k.shape[2]) else "")
         raise Wrong(f"{case}: the scales must be (Hkv, T, 1) = {(Hkv, T, 1)}, one per head and position, "
                     f"got shape {np.shape(scale)}{hint}")
-    engine = position_scales(k, "int8").astype(np.float32)  # (Hkv, T, 1): max|k| / 127, float16 rounded up
+    engine = position_scales(k, INT8.qmax).astype(np.float32)  # (Hkv, T, 1): max|k| / 127, float16 rounded up
     ratio = np.asarray(scale, np.float64) / engine
     h, t, _ = np.unravel_index(np.argmax(np.abs(np.log(np.abs(ratio) + 1e-30))), ratio.shape)
     if abs(ratio[h, t, 0] - 1) > 2 * F16_STEP:
@@ -97,7 +97,7 @@ def check(quantize, dequantize, params, cfg, tokens):
         codes, scale = got
         _check_scale(case, k, scale)
         _check_codes(case, k, codes, scale)
-        engine_scale = position_scales(k, "int8").astype(np.float32)  # (Hkv, T, 1)
+        engine_scale = position_scales(k, INT8.qmax).astype(np.float32)  # (Hkv, T, 1)
         _check_values(case, dequantize, k, INT8.encode(k, engine_scale), engine_scale, "the engine's codes")
         _check_values(case, dequantize, k, codes, scale, "your codes")
 
