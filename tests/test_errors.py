@@ -8,8 +8,7 @@ from conftest import perturbed_params
 from lib.cache.kv_cache import KVCache
 from lib.config import DRAFT, ModelConfig
 from lib.generation import generate
-from lib.model import forward, forward_cached, load, save
-from lib.sampling import probs_from_logits, sample
+from lib.model import Model, forward, forward_cached, load, save
 
 PARAMS = perturbed_params(DRAFT)
 
@@ -49,15 +48,6 @@ def test_cache_of_another_model_is_refused():
         forward_cached(PARAMS, DRAFT, [1], KVCache(ModelConfig(2, 2, 2, 48)))
 
 
-def test_truncate_past_n():
-    cache = KVCache(DRAFT, 16)
-    forward_cached(PARAMS, DRAFT, np.arange(5), cache)
-    with pytest.raises(ValueError, match="cannot truncate the KV cache to 6: it holds 5 positions"):
-        cache.truncate(6)
-    with pytest.raises(ValueError, match="cannot truncate"):
-        cache.truncate(-1)
-
-
 def test_bad_cache_arguments():
     with pytest.raises(ValueError, match="max_len must be an integer in 1..512"):
         KVCache(DRAFT, 513)
@@ -78,22 +68,12 @@ def test_bad_config():
 
 def test_negative_temperature():
     with pytest.raises(ValueError, match="temperature must be >= 0"):
-        probs_from_logits(np.zeros(4), -0.1)
-    with pytest.raises(ValueError, match="temperature must be >= 0"):
-        generate(PARAMS, DRAFT, [1, 2], 3, temperature=-1)
-
-
-def test_probabilities_that_do_not_sum_to_one():
-    rng = np.random.default_rng(0)
-    with pytest.raises(ValueError, match="probabilities sum to 2, not 1"):
-        sample(np.array([1.0, 1.0]), rng)
-    with pytest.raises(ValueError, match="non-negative"):
-        sample(np.array([1.5, -0.5]), rng)
+        generate(Model(PARAMS, DRAFT), [1, 2], 3, temperature=-1)
 
 
 def test_prompt_plus_generation_longer_than_context():
     with pytest.raises(ValueError, match=r"prompt \(500 tokens\) plus generation \(13\) is longer than the context of 512"):
-        generate(PARAMS, DRAFT, np.zeros(500, dtype=int), 13)
+        generate(Model(PARAMS, DRAFT), np.zeros(500, dtype=int), 13)
 
 
 def test_missing_weights_say_how_to_retrain(tmp_path):

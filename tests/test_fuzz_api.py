@@ -200,16 +200,26 @@ def _(d):
     return tokenizer.decode, {"tokens": d(ids)}
 
 
-def pairs():
-    return arg(st.just((PARAMS, DRAFT)), None, lambda: (DRAFT, PARAMS), lambda: (OTHER, DRAFT), lambda: PARAMS)
+MODEL = model.Model(PARAMS, DRAFT)
+
+
+def models():
+    """A Step (the plain model or the lean path); a (params, cfg) pair, bare params and the rest are bad."""
+    return arg(st.sampled_from([MODEL, lean.LeanModel(PARAMS, DRAFT, "numpy")]), None, lambda: (PARAMS, DRAFT),
+               lambda: (DRAFT, PARAMS), lambda: PARAMS, "model")
+
+
+@spec("model.Model", contract=anything)
+def _(d):
+    return model.Model, {"params": d(params()), "cfg": d(cfgs())}
 
 
 @spec("speculative.speculative_generate", contract=lambda r: r[0].dtype == np.int64 and finite(r[0]))
 def _(d):
-    draft = d(st.one_of(pairs(), good(st.builds(speculative.PromptLookup, st.integers(1, 3)))))
+    draft = d(st.one_of(models(), good(st.builds(speculative.PromptLookup, st.integers(1, 3)))))
     dynamic = d(st.booleans())  # k_max counts only with dynamic k
     return speculative.speculative_generate, {
-        "target": d(pairs()), "draft": draft, "prompt": d(tokens()), "n_new": d(count(1, top=4)), "k": d(count(1, top=4)),
+        "target": d(models()), "draft": draft, "prompt": d(tokens()), "n_new": d(count(1, top=4)), "k": d(count(1, top=4)),
         "temperature": d(real(0, 2, -1.0)), "seed": d(count(0, None)), "dynamic": (dynamic, False),
         "k_max": d(count(1, top=8) if dynamic else good(st.integers()))}
 
@@ -256,7 +266,7 @@ def dtypes():
     return arg(st.sampled_from(kv_cache.DTYPES), "int32", "bfloat16", None, 3, np.int32)
 
 
-def calibrations(none=True):
+def maxima(none=True):
     """The draft's (k_max, v_max) pair, (n_layer, n_kv_head) each; wrong shapes, zeros and non-pairs are bad."""
     return arg(st.just((np.ones((1, 2)), np.ones((1, 2)))), lambda: (np.ones((1, 3)), np.ones((1, 2))),
                lambda: (np.zeros((1, 2)), np.ones((1, 2))), lambda: np.ones((1, 2)), "x", *[None] * (not none))
@@ -266,7 +276,7 @@ def calibrations(none=True):
 def _(d):
     max_len = arg(st.one_of(st.none(), st.integers(1, 512)), 0, 513, 1.5, "3", True)  # None: the context
     return KVCache, {"cfg": d(cfgs()), "max_len": d(max_len), "dtype": d(dtypes()),
-                     "granularity": d(option(quant.GRANULARITIES)), "calibration": d(calibrations())}
+                     "granularity": d(option(quant.GRANULARITIES)), "maxima": d(maxima())}
 
 
 @spec("kv_cache.KVCache.feed")
@@ -286,7 +296,7 @@ def fed_kivi(draw):
 def _(d):
     return kivi.KiviCache, {"cfg": d(cfgs()), "max_len": d(arg(st.integers(1, 512), 0, 513, 1.5, "3")),
                             "bits": d(arg(st.sampled_from(kivi.BITS), 3, 8, True, None, "2")),
-                            "residual": d(arg(st.integers(1, 64), 0, -1, 1.5, None))}
+                            "recent": d(arg(st.integers(1, 64), 0, -1, 1.5, None))}
 
 
 @spec("kivi_parts.KiviParts", contract=anything)
@@ -295,8 +305,8 @@ def _(d):
                                   "bits": d(arg(st.sampled_from(kivi.BITS), 3, 8, True, None, "2")),
                                   "keys": d(arg(st.sampled_from(kivi_parts.KEYS), "head", None, 1)),
                                   "zero_point": d(arg(st.booleans(), 1, None, "yes")),
-                                  "residual": d(arg(st.integers(1, 64), -1, 1.5, None)),
-                                  "window": d(arg(st.sampled_from(list(kivi_parts.WINDOWS)), "int8", None, 2))}
+                                  "recent": d(arg(st.integers(1, 64), -1, 1.5, None)),
+                                  "recent_dtype": d(arg(st.sampled_from(list(kivi_parts.RECENT_DTYPES)), "int8", None, 2))}
 
 
 spec("kivi.KiviCache.feed")(lambda d: (kivi.KiviCache.feed, {"self": d(good(st.just(fed_kivi(d)))), "new_tokens": d(tokens()),
@@ -354,7 +364,7 @@ def _(d):
 
 @spec("generation.generate", contract=lambda r: finite(r.tokens) and r.tokens.dtype == np.int64)
 def _(d):
-    return generate.generate, {"params": d(params()), "cfg": d(cfgs()), "prompt": d(tokens()), "n_new": d(count(1, top=4)),
+    return generate.generate, {"model": d(models()), "prompt": d(tokens()), "n_new": d(count(1, top=4)),
                                "temperature": d(real(0, 2, -1.0)), "seed": d(count(0, None)),
                                "use_cache": d(good(st.booleans()))}
 
@@ -362,7 +372,7 @@ def _(d):
 @spec("generation.complete", contract=lambda r: isinstance(r, str))
 def _(d):
     prompt = arg(st.text(alphabet=tokenizer.VOCAB, min_size=1, max_size=6), "", "é", None, 3)
-    return generate.complete, {"params": d(params()), "cfg": d(cfgs()), "prompt": d(prompt), "n_new": d(count(1, top=4)),
+    return generate.complete, {"model": d(models()), "prompt": d(prompt), "n_new": d(count(1, top=4)),
                                "temperature": d(real(0, 2, -1.0)), "seed": d(count(0, None))}
 
 
@@ -377,13 +387,13 @@ def _(d):
 
 @spec("batch.BatchedModel", contract=anything)
 def _(d):
-    return batch.BatchedModel, {"model": d(st.one_of(pairs(), lean_models()))}
+    return batch.BatchedModel, {"model": d(st.one_of(models(), lean_models()))}
 
 
 @spec("batch.BatchedModel.feed")
 def _(d):
     pool, seq = pool_with_sequence(d)
-    engine = batch.BatchedModel((PARAMS, DRAFT))
+    engine = batch.BatchedModel(MODEL)
     return batch.BatchedModel.feed, {"self": (engine, False), "seqs": d(arg(st.just([seq]), lambda: [seq, seq], None, lambda: [object()])),
                                      "new_tokens": d(arg(st.just([[1]]), lambda: [], lambda: [[96]], None))}
 
