@@ -75,18 +75,14 @@ def check_tokens(tokens, cfg: ModelConfig, start: int = 0) -> np.ndarray:
     """Validate a 1-D sequence of token ids placed at positions start.. ; return it as int64."""
     check_config(cfg)
     arr = np.asarray(tokens)
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"tokens must be a non-empty 1-D sequence of ids, got shape {arr.shape}")
-    if arr.dtype.kind not in "iu":
-        raise ValueError(f"tokens must be integer ids, got dtype {arr.dtype}")
+    if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu":
+        raise ValueError(f"tokens must be a non-empty 1-D sequence of integer ids, got {arr.dtype} of shape {arr.shape}")
     ids = arr.astype(np.int64, copy=False)
     if ids.view(np.uint64).max() >= cfg.vocab_size:  # one test for both ends: negatives view as huge
         pos = int(np.argmax((arr < 0) | (arr >= cfg.vocab_size)))
         raise ValueError(f"token id {int(arr[pos])} at index {pos} is outside the vocabulary 0..{cfg.vocab_size - 1}")
     if start + arr.size > cfg.block_size:
-        raise ValueError(
-            f"tokens at positions {start}..{start + arr.size - 1} go past the context: the model has "
-            f"{cfg.block_size} learned positions (block_size)")
+        raise ValueError(f"tokens at positions {start}..{start + arr.size - 1} go past the context of {cfg.block_size} (block_size)")
     return ids
 
 

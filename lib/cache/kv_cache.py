@@ -35,8 +35,7 @@ def storage(cfg: ModelConfig, dtype, granularity: str, maxima=None):
     if maxima is not None:  # checked even where it goes unused (a float cache, position scales)
         check_maxima(cfg, form.qmax or quant.FORMS["int8"].qmax, maxima)
     if form.scaled and granularity != "position" and maxima is None:
-        raise ValueError(f"granularity {granularity!r} needs fixed scales: pass "
-                         f"maxima=lib.kv_scales.kv_maxima(params, cfg, tokens)")
+        raise ValueError(f"granularity {granularity!r} needs fixed scales: pass maxima=lib.kv_scales.kv_maxima(params, cfg, tokens)")
     return form, granularity if form.scaled else None
 
 
@@ -45,16 +44,10 @@ def check_maxima(cfg: ModelConfig, qmax: float, maxima) -> None:
     large enough that maximum / qmax is a normal float32."""
     if not (isinstance(maxima, (tuple, list)) and len(maxima) == 2):
         raise ValueError(f"maxima must be the pair (k_max, v_max) from lib.kv_scales.kv_maxima, got {maxima!r:.80}")
-    expected = (cfg.n_layer, cfg.n_kv_head)
-    for name, m in zip(("k_max", "v_max"), maxima):
-        m = np.asarray(m)
-        if m.shape != expected or m.dtype.kind not in "iuf":
-            raise ValueError(f"maxima {name} must be numbers of shape {expected}, got {m.dtype} of shape {m.shape}")
-        m = m.astype(np.float64)
-        if not (np.isfinite(m).all() and (m / qmax >= np.finfo(np.float32).tiny).all()):
-            raise ValueError("calibration maxima must be finite and > 0 for every layer and KV head "
-                             "(all-zero, NaN or inf maxima would give no usable scale; values below "
-                             f"{np.finfo(np.float32).tiny * qmax:.3g} give a float32 scale that underflows)")
+    low = np.finfo(np.float32).tiny * qmax  # a smaller maximum gives a float32 scale that underflows
+    for name, m in zip(("k_max", "v_max"), map(np.asarray, maxima)):
+        if m.shape != (cfg.n_layer, cfg.n_kv_head) or m.dtype.kind not in "iuf" or not (np.isfinite(m) & (m >= low)).all():
+            raise ValueError(f"maxima {name} must be finite numbers >= {low:.3g} of shape (n_layer, n_kv_head), got {m.dtype} {m.shape}")
 
 
 def fixed_scales(form: quant.Form, granularity: str, maxima):
@@ -97,9 +90,7 @@ class KVCache:
     def check_room(self, count: int) -> None:
         """Raise before anything is written if `count` more positions do not fit."""
         if self.n + count > self.max_len:
-            raise ValueError(
-                f"KV cache is full: it holds {self.max_len} positions, {self.n} are used and "
-                f"{count} more were asked")
+            raise ValueError(f"KV cache is full: it holds {self.max_len} positions, {self.n} are used and {count} more were asked")
 
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store K, V (Hkv, T, D) of T new positions at n..n+T-1 (n advances in `advance`)."""

@@ -115,8 +115,7 @@ class PagedKVCache:
 def check_live(seq, name: str, pool: PagedKVCache | None = None) -> None:
     """A sequence from `add` or `fork` (of `pool`, if given) that is not freed."""
     if not isinstance(seq, PagedSequence) or pool not in (None, seq.pool):
-        raise TypeError(f"{name} must be a paged sequence (lib.cache.paged.PagedSequence, from add or fork"
-                        f"{' of this pool' if pool else ''}), got {type(seq).__name__}")
+        raise TypeError(f"{name} must be a paged sequence from add or fork{' of this pool' if pool else ''}, got {type(seq).__name__}")
     if seq.seq_id not in seq.pool.manager.tables:
         raise ValueError(f"unknown sequence {seq.seq_id!r}: never allocated, or already freed")
 
@@ -138,8 +137,7 @@ def check_feed(seqs, new_tokens) -> list:
         mine = [(s, t) for s, t in zip(seqs, tokens) if s.pool is pool]
         need = sum(pool.manager.append_need(s.seq_id, len(t)) for s, t in mine)
         if need > pool.manager.num_free:
-            raise ValueError(f"KV pool is out of blocks: {sum(len(t) for _, t in mine)} more tokens need {need} "
-                             f"blocks, {pool.manager.num_free} are free")
+            raise ValueError(f"KV pool is out of blocks: {sum(len(t) for _, t in mine)} more tokens need {need} blocks, {pool.manager.num_free} are free")
     return tokens
 
 
@@ -194,8 +192,7 @@ class PagedSequence:
     def check_room(self, count: int) -> None:
         """The room a step may write: exactly the positions `feed` reserved."""
         if count != self._armed:
-            raise ValueError(f"sequence {self.seq_id!r} computes tokens only through feed(tokens, step), "
-                             f"which reserves their slots: {count} positions were asked outside it")
+            raise ValueError(f"sequence {self.seq_id!r} computes tokens only through feed(tokens, step): {count} asked outside it")
 
     def _slots(self, start, stop):
         pos = np.arange(start, stop)

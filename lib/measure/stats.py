@@ -10,17 +10,6 @@ import numpy as np
 from scipy import stats
 
 
-def check_distribution(p, name: str = "p", tol: float = 1e-6) -> np.ndarray:
-    """A non-empty 1-D vector of finite non-negative numbers summing to 1 (within tol), as float64."""
-    arr = np.asarray(p)
-    if arr.dtype.kind not in "iuf" or arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"{name} must be a non-empty 1-D vector of numbers, got {arr.dtype} of shape {arr.shape}")
-    arr = arr.astype(np.float64, copy=False)
-    if not np.isfinite(arr).all() or (arr < 0).any() or abs(arr.sum() - 1.0) > tol:
-        raise ValueError(f"{name} must be a distribution: finite, non-negative, summing to 1 (sums to {arr.sum():.9g})")
-    return arr
-
-
 def tvd(a, b) -> float:
     """Total variation distance: half the L1 distance between two distributions."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)  # (V,) each
