@@ -11,14 +11,14 @@ from lib.cache.paged import PagedKVCache
 from lib.config import TARGET
 from lib.fast.batch import BatchedModel
 from lib.fast.lean import LeanModel
-from lib.model import forward
+from lib.model import Model, forward
 
 MODELS = {name: (perturbed_params(cfg, seed=41), cfg) for name, cfg in (("gqa", GQA), ("mqa", MQA), ("target", TARGET))}
 
 
 def _engine(name, path):
     params, cfg = MODELS[name]
-    return BatchedModel(LeanModel(params, cfg) if path == "lean" else (params, cfg)), params, cfg
+    return BatchedModel(LeanModel(params, cfg) if path == "lean" else Model(params, cfg)), params, cfg
 
 
 @settings(max_examples=40, deadline=None)
@@ -66,7 +66,7 @@ def test_trained_model_batch_gives_the_same_greedy_tokens():
         for o, t in zip(out, nxt):
             o.append(t[0])
         last = [rows[-1] for rows in batched.feed(seqs, nxt)]
-    assert out == [generate(params, cfg, p, 20, step=lean).tokens.tolist() for p in prompts]
+    assert out == [generate(lean, p, 20).tokens.tolist() for p in prompts]
 
 
 def test_bad_token_leaves_every_sequence_as_it_was():
@@ -98,6 +98,7 @@ def test_pool_too_small_for_the_batch_unwinds_every_sequence():
 @pytest.mark.parametrize("tokens, caches, message", [
     ([[1]], 2, "one token list per sequence"),
     ([[1], [2]], "same", "same sequence appears twice"),
+    ([[]], 1, "non-empty"),
 ])
 def test_malformed_batch_is_refused(tokens, caches, message):
     model, _, cfg = _engine("gqa", "plain")

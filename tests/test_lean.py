@@ -12,7 +12,7 @@ from lib.config import TARGET
 from lib.fast.lean import LeanModel
 from lib.generation import generate
 from lib.measure.counting import numpy_calls_per_step
-from lib.model import cached_step, forward, forward_cached, load
+from lib.model import Model, forward, forward_cached, load
 from lib.speculative import speculative_generate
 from lib.tokenizer import encode
 
@@ -152,8 +152,8 @@ def test_feed_refuses_for_the_lean_path_what_the_plain_path_refuses(model):
 def test_lean_greedy_text_equals_plain_on_shipped_weights(name):
     params, cfg = load(name)
     prompt = encode("    def __init__(self, ")
-    plain = generate(params, cfg, prompt, 96)
-    lean = generate(params, cfg, prompt, 96, step=LeanModel(params, cfg))
+    plain = generate(Model(params, cfg), prompt, 96)
+    lean = generate(LeanModel(params, cfg), prompt, 96)
     np.testing.assert_array_equal(lean.tokens, plain.tokens)
     assert np.abs(lean.logits - plain.logits).max() < 1e-4
 
@@ -161,14 +161,14 @@ def test_lean_greedy_text_equals_plain_on_shipped_weights(name):
 def test_speculative_on_lean_models_equals_plain():
     target, draft = load("target"), load("draft")
     prompt = encode("import os\nimport ")
-    plain = speculative_generate(target, draft, prompt, 60, k=3, temperature=0.7, seed=4)[0]
+    plain = speculative_generate(Model(*target), Model(*draft), prompt, 60, k=3, temperature=0.7, seed=4)[0]
     lean = speculative_generate(LeanModel(*target), LeanModel(*draft), prompt, 60, k=3, temperature=0.7, seed=4)[0]
     np.testing.assert_array_equal(lean, plain)
 
 
 def test_lean_step_makes_at_most_half_the_numpy_calls(model):
     params, cfg = model
-    plain = numpy_calls_per_step(lambda p: cached_step((p, cfg))[1], params, cfg, 40)
+    plain = numpy_calls_per_step(lambda p: Model(p, cfg), params, cfg, 40)
     lean = numpy_calls_per_step(lambda p: LeanModel(p, cfg), params, cfg, 40)
     assert lean <= plain / 2
     if cfg == TARGET:

@@ -165,7 +165,7 @@ def test_speculative_decoding_on_paged_sequences_is_greedy_at_temperature_0(k):
         seq = pool.add(seq_id, prompt)
         assert seq_id == 0 or seq.n > 0  # the second request reuses the first one's full blocks
         tokens, _ = speculative_generate(target, draft, prompt, 40, k=k, temperature=0.0, cache=seq)
-        np.testing.assert_array_equal(tokens, generate(None, target.cfg, prompt, 40, step=target).tokens)
+        np.testing.assert_array_equal(tokens, generate(target, prompt, 40).tokens)
         read = np.concatenate([prompt, tokens])[:seq.n]  # the last token emitted may be unread
         assert len(prompt) + 39 <= seq.n <= len(prompt) + 40
         ref = KVCache(target.cfg, seq.n)

@@ -67,12 +67,12 @@ def test_filled_pools_hold_the_positions_asked_for_in_fewer_bytes():
     """lib.book.studies.cachebytes' fixtures: every sequence holds `context` written positions, each storage form's
     cache bytes are its codes and scales (int8 about a quarter of float32, int4 an eighth, plus scales),
     and a timed step leaves the sequences as they were."""
-    from lib.book.studies.cachebytes import cache_bytes, filled_pool
+    from lib.book.studies.cachebytes import cache_bytes, filled_pools
     from lib.measure.counting import pool_call
     B, L = 3, 10
     sizes = {}
     for kind in DTYPES:
-        pool, seqs = filled_pool(GQA, kind, B, L, block_size=4)
+        pool, seqs = filled_pools(GQA, (kind,), B, L, block_size=4)[kind]
         assert [s.n for s in seqs] == [L] * B
         sizes[kind] = cache_bytes(pool, B, L)
     per_value = B * L * 2 * GQA.n_layer * GQA.kv_dim  # K and V values in the cache

@@ -1,17 +1,14 @@
 """The replay of recorded completions gives the schedule of the server with the model in the loop;
 a request's tokens do not depend on the schedule (its own random generator, any batch, any rung);
 the GPU clock is the data sheet's arithmetic at the share torchao's measurement implies."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from lib.fast.lean import LeanModel
-from lib.gpu.memory import H100
-from lib.gpu.models import LLAMA_3_8B
-from lib.gpu.published import TORCHAO
-from lib.gpu.step import GPUClock, gpu_clock
+from lib.gpu.step import gpu_clock
 from lib.measure.clocks import FittedClock
-
-TORCHAO_STEP = 1 / TORCHAO.value
 from lib.model import load
 from lib.serve import LADDER, make_trace, serve
 from lib.serve.replay import Replay, completions
@@ -67,21 +64,9 @@ def test_replay_refuses_wrong_records():
         serve(Replay(CFG, TRACE, completions(LEAN, TRACE)), TRACE, 64, LADDER["Orca"])
 
 
-def test_gpu_clock():
+def test_a_lower_flops_share_slows_only_compute_bound_steps():
+    """The fitted GPU clock (tests/test_gpu.py covers the rest) with half its FLOP share."""
     clock = gpu_clock()
-    assert np.isclose(clock.decode_step(1, 200), TORCHAO_STEP)  # calibrated on torchao's batch-1 step
-    assert 0.5 < clock.efficiency < 0.7
-    assert clock.decode_step(16, 200) < 1.05 * clock.decode_step(1, 200)  # weights dominate: batch 16 costs about batch 1
-    assert clock([(0, 1, 199)]) == clock.decode_step(1, 200)
-    assert clock([(0, 2000, 0)]) > 2 * clock.decode_step(1, 200)  # a long prompt reaches the compute roof
-    free = H100.memory * 0.9 - LLAMA_3_8B.weight_bytes()
-    assert clock.blocks() == int(free // (16 * LLAMA_3_8B.kv_bytes(1)))
-    slow = GPUClock(LLAMA_3_8B, H100, clock.efficiency, clock.overhead, compute_efficiency=0.5)
+    slow = replace(clock, flops_share=clock.flops_share / 2)
     assert slow([(0, 2000, 0)]) > 1.9 * (clock([(0, 2000, 0)]) - clock.overhead)  # compute-bound: twice the FLOP time
-    assert slow.decode(4, 200) == clock.decode_step(4, 200)  # memory-bound steps unchanged
-    for bad in (dict(efficiency=0), dict(efficiency=1.5), dict(overhead=-1.0), dict(spec="llama"),
-                dict(compute_efficiency=0), dict(compute_efficiency=2.0)):
-        with pytest.raises((ValueError, TypeError)):
-            GPUClock(**bad)
-    with pytest.raises(ValueError, match="rows"):
-        clock([])
+    assert slow.decode_step(4, 200) == clock.decode_step(4, 200)  # memory-bound steps unchanged

@@ -154,10 +154,6 @@ def test_step_cost_interpolates_its_points_and_adds_a_cost_per_sequence():
     assert COST([(0, 33, 0)]) == pytest.approx(1.12e-3 + 31 / 62 * 1.28e-3)
     assert COST([(0, 1, 0), (1, 1, 9)]) == pytest.approx(1.12e-3 + 1e-4)
     assert COST([(0, 128, 0)]) == pytest.approx(2.4e-3 + 64 * 1.28e-3 / 62)  # past the last point: linear
-    with pytest.raises(ValueError, match="rows must be"):
-        COST([])
-    with pytest.raises(ValueError, match="increase from 1"):
-        FittedClock((2, 4), (1.0, 2.0), 0.0)
 
 
 def test_steady_state_is_littles_law_over_a_poisson_batch():
@@ -172,8 +168,6 @@ def test_steady_state_is_littles_law_over_a_poisson_batch():
     cross = crossover_rate(dear_rows, DRAFT_COST, 0.8, 4, 20.0, rates)
     assert 1 < cross < 1e4
     assert np.isnan(crossing([1, 2], [2.0, 1.5]))
-    with pytest.raises(ValueError, match="draft_cost"):
-        steady_state(COST, 1.0, 20.0, k=2)
 
 
 @pytest.mark.parametrize("name", list(LADDER))
@@ -240,15 +234,8 @@ def test_a_fitted_clock_gives_the_same_schedule_every_run():
     assert np.array_equal(runs[0].timeline, runs[1].timeline)
 
 
-def test_fit_step_cost_needs_a_position_per_sequence():
-    with pytest.raises(ValueError, match="positions"):
-        fit_clock(LEAN, [16, 32], sizes=(1, 4))
-
-
 def test_batched_call_feeds_chunks_and_leaves_the_pool_as_it_was():
     engine = BatchedModel(LEAN)
     call = batched_call(engine, [20, 40], n_tokens=8)
     for _ in range(3):
         call()  # would run out of the pool's blocks if the chunks were kept
-    with pytest.raises(ValueError, match="n_tokens"):
-        batched_call(engine, [20], n_tokens=0)

@@ -47,23 +47,19 @@ class StandInStep:
     """The stand-in device for one sequence: a cached step that returns `model`'s logits after
     running a call of the same size on `standin`, whose own cache follows the real cache's length
     (`lib.measure.clocks.StandInClock` is the same device for a batch). Use it wherever a LeanModel
-    goes (`generate`, `speculative_generate`). `calls` records each call's size."""
+    goes (`generate`, `speculative_generate`). `calls` records each call's size. Its callers pass a
+    stand-in with at least the model's positions and make every call on the real cache through
+    it; behind the boundary (lib.checks), it checks neither."""
 
     def __init__(self, model, standin_model: LeanModel):
         self.cfg, self.step = model.cfg, model
-        if standin_model.cfg.block_size < self.cfg.block_size:
-            raise ValueError(f"the stand-in has {standin_model.cfg.block_size} positions, fewer than "
-                             f"the model's {self.cfg.block_size}")
         self.standin = standin_model
         self.standin_cache = KVCache(standin_model.cfg)
         self.calls = []  # tokens per call, in order
 
     def __call__(self, new_tokens, cache) -> np.ndarray:
         start = cache.n
-        if start > self.standin_cache.n:
-            raise ValueError(f"the real cache holds {start} positions, the stand-in's only {self.standin_cache.n}: "
-                             f"the stand-in device must see every call made on its cache")
-        logits = self.step(new_tokens, cache)  # the real model: checks the tokens and the cache
+        logits = self.step(new_tokens, cache)  # the real model's logits: the entry point that called it checked the tokens
         self.standin_cache.truncate(start)  # the real cache was truncated to `start` (or is new) since the last call
         self.standin(new_tokens, self.standin_cache)
         self.calls.append(len(logits))
