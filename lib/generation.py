@@ -19,8 +19,7 @@ def check_request(prompt_len: int, n_new, context: int, temperature) -> None:
     """Reject a generation request before any work: n_new >= 1, it fits the context, temperature >= 0."""
     check_count(n_new, "n_new")
     if prompt_len + n_new > context:
-        raise ValueError(f"prompt ({prompt_len} tokens) plus generation ({n_new}) is longer than "
-                         f"the context of {context} positions")
+        raise ValueError(f"prompt ({prompt_len} tokens) plus generation ({n_new}) is longer than the context of {context}")
     check_temperature(temperature)
 
 
@@ -59,6 +58,5 @@ def complete(model, prompt: str, n_new: int, temperature: float = 0.0, seed: int
     """Text in, text out: the n_new characters the model (a Step) writes after `prompt`."""
     cfg = check_step(model).cfg
     if cfg.vocab_size != VOCAB_SIZE:
-        raise ValueError(f"complete() needs a model over the {VOCAB_SIZE}-character vocabulary of lib.tokenizer, "
-                         f"this one has vocab_size {cfg.vocab_size}")
+        raise ValueError(f"model must read the tokenizer's {VOCAB_SIZE}-character vocabulary, got vocab_size {cfg.vocab_size}")
     return decode(generate(model, encode(prompt), n_new, temperature, seed, use_cache).tokens)

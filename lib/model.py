@@ -228,14 +228,13 @@ def _weights_path(name, folder, suffix) -> Path:
 def load_metadata(name: str, folder=WEIGHTS_DIR) -> dict:
     """The training record <name>.json beside the weights: a JSON object with the model's config."""
     path = _weights_path(name, folder, ".json")
+    retrain = f"retrain with `python -m lib.train {name}`"
     try:
         meta = json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        raise FileNotFoundError(f"weights metadata {path} is missing or corrupt ({err}); "
-                                f"retrain with `python -m lib.train {name}`") from None
+        raise FileNotFoundError(f"weights metadata {path} is missing or corrupt ({err}); {retrain}") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
-        raise FileNotFoundError(f"weights metadata {path} is corrupt (no config object); "
-                                f"retrain with `python -m lib.train {name}`")
+        raise FileNotFoundError(f"weights metadata {path} is corrupt (no config object); {retrain}")
     return meta
 
 
@@ -257,8 +256,7 @@ def load(name: str = "target", folder=WEIGHTS_DIR):
     except Exception as err:  # zip, pickle and key errors all mean the same thing to a reader
         raise ValueError(f"weights file {path} is corrupt ({type(err).__name__}: {err}); {retrain}") from None
     if saved != cfg:
-        raise ValueError(f"{path.with_suffix('.json')} says the model is {cfg}, but the weights were saved "
-                         f"for {saved}; {retrain}")
+        raise ValueError(f"{path.with_suffix('.json')} holds {cfg}, but the weights were saved for {saved}; {retrain}")
     expected = cfg.parameter_shapes()
     if set(params) != set(expected):
         missing, extra = sorted(set(expected) - set(params)), sorted(set(params) - set(expected))

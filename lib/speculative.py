@@ -115,8 +115,7 @@ def target_cache(cache, cfg: ModelConfig, prompt, max_len: int):
     check_cache(cache, cfg)
     held = list(getattr(cache, "tokens", [])[:cache.n])  # a KVCache does not know its tokens: n must be 0
     if cache.n >= len(prompt) or held != [int(t) for t in prompt[:cache.n]]:
-        raise ValueError(f"the target cache holds {cache.n} positions that are not a prefix of the prompt "
-                         f"(without its last token): pass an empty KVCache or pool.add(seq_id, prompt)")
+        raise ValueError(f"cache must be empty or hold a prefix of the prompt short of its last token, got {cache.n} positions")
     return cache
 
 

@@ -51,7 +51,7 @@ def test_reads_sliding_window_layer_types(tmp_path):
 def test_bad_inputs():
     with pytest.raises(ValueError, match="lacks 'hidden_size'"):
         from_hf_config({"num_hidden_layers": 2, "num_attention_heads": 4})
-    with pytest.raises(ValueError, match="layer_types has 1 entries for 2 layers"):
+    with pytest.raises(ValueError, match="layer_types must be a list of 2 strings"):
         from_hf_config({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 8, "layer_types": ["x"]})
 
 

@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from lib.checks import check_count, is_number
+from lib.checks import check_config, check_count, is_number
 from lib.config import ModelConfig, is_int
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "int8": 1, "int4": 0.5,
@@ -51,27 +51,21 @@ class KVSpec:
         for name in ("name", "source"):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"KVSpec.{name} must be a str, got {type(getattr(self, name)).__name__}")
-        for name in ("n_layer", "n_kv_head", "head_dim"):
-            check_count(getattr(self, name), f"KVSpec.{name}", 1)
-        for name in ("n_head", "latent", "experts", "active"):
-            check_count(getattr(self, name), f"KVSpec.{name}", 0)
+        for name, low in dict(n_layer=1, n_kv_head=1, head_dim=1, n_head=0, latent=0, experts=0, active=0).items():
+            check_count(getattr(self, name), f"KVSpec.{name}", low)
         if self.n_head and self.n_head % self.n_kv_head:
             raise ValueError(f"KVSpec.n_head={self.n_head} is not a multiple of n_kv_head={self.n_kv_head}")
-        if not isinstance(self.windows, tuple) or len(self.windows) != self.n_layer:
-            raise ValueError(f"KVSpec.windows must be a tuple of one entry per layer ({self.n_layer}), "
-                             f"got {self.windows!r:.80}")
-        for w in self.windows:
-            if w is not None:
-                check_count(w, "KVSpec.windows entry (a sliding window)", 1)
+        if not (isinstance(self.windows, tuple) and len(self.windows) == self.n_layer
+                and all(w is None or (is_int(w) and w >= 1) for w in self.windows)):
+            raise ValueError(f"KVSpec.windows must be a tuple of one entry per layer ({self.n_layer}): None for full "
+                             f"attention or a sliding window >= 1, got {self.windows!r:.80}")
         for name in ("n_params", "embedding", "expert_params"):
             if not is_number(getattr(self, name)) or not 0 <= getattr(self, name) < float("inf"):
                 raise ValueError(f"KVSpec.{name} must be a finite number >= 0, got {getattr(self, name)!r}")
         if self.embedding + self.expert_params > self.n_params:
-            raise ValueError(f"KVSpec.embedding + expert_params ({self.embedding + self.expert_params:.4g}) exceed "
-                             f"n_params ({self.n_params:.4g}): both are parts of the model's parameters")
+            raise ValueError(f"KVSpec.embedding + expert_params must not exceed n_params ({self.n_params:.4g}), their whole")
         if (self.experts == 0) != (self.active == 0) or self.active > self.experts:
-            raise ValueError(f"KVSpec.active={self.active} routed experts of experts={self.experts}: give both "
-                             f"(1 <= active <= experts) for a mixture of experts, or neither")
+            raise ValueError(f"KVSpec.experts={self.experts}, active={self.active}: give both (active <= experts) or neither")
 
     def positions(self, tokens: int) -> list:
         """Cached positions per layer for a sequence of `tokens`."""
@@ -145,7 +139,7 @@ class GPU:
     def __post_init__(self):
         for name in ("memory", "bandwidth", "flops"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            if not (is_number(value) and 0 < value < float("inf")):
                 raise ValueError(f"GPU.{name} must be a finite number > 0, got {value!r}")
 
 
@@ -213,15 +207,11 @@ def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = 
     `intermediate_size`) in every layer from `first_k_dense_replace` on.
     """
     config = read_config(config)
-    if not isinstance(name, str):
-        raise TypeError(f"name must be a str ('' for the config's model_type), got {type(name).__name__}")
     try:
         layers, heads, hidden = (_count(config, key) for key in ("num_hidden_layers", "num_attention_heads", "hidden_size"))
     except KeyError as err:
         raise ValueError(f"config.json lacks {err.args[0]!r}, needed for the KV cache size") from None
     kv_heads = heads if config.get("num_key_value_heads") is None else _count(config, "num_key_value_heads")
-    if heads % kv_heads:
-        raise ValueError(f"num_attention_heads={heads} is not divisible by num_key_value_heads={kv_heads}")
     latent = 0
     if config.get("kv_lora_rank") is not None:
         latent = _count(config, "kv_lora_rank") + _count(config, "qk_rope_head_dim")
@@ -235,14 +225,11 @@ def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = 
         pattern = _count(config, "sliding_window_pattern")
         types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
     if types:
-        if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
-            raise ValueError(f"config.json's layer_types must be a list of strings, got {types!r:.80}")
-        if len(types) != layers:
-            raise ValueError(f"layer_types has {len(types)} entries for {layers} layers")
+        if not (isinstance(types, list) and len(types) == layers and all(isinstance(t, str) for t in types)):
+            raise ValueError(f"config.json's layer_types must be a list of {layers} strings, got {types!r:.80}")
         unknown = sorted(set(types) - set(LAYER_TYPES))
         if unknown:  # another attention (linear, chunked, ...) caches differently: never read it as full
-            raise ValueError(f"layer_types entries {unknown} are not {' or '.join(LAYER_TYPES)}: this formula "
-                             f"knows the KV bytes of those two only")
+            raise ValueError(f"layer_types entries {unknown} are not {' or '.join(LAYER_TYPES)}, the two this formula knows")
         if "sliding_attention" in types and window is None:
             raise ValueError("layer_types has sliding_attention layers but the config gives no sliding_window")
         windows = tuple(window if t == "sliding_attention" else None for t in types)
@@ -251,8 +238,8 @@ def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = 
     else:
         windows = (None,) * layers
     weights = _weight_parts(config, layers, hidden) if n_params else {}
-    return KVSpec(name or config.get("model_type", "model"), layers, kv_heads, head_dim, windows, n_params, source,
-                  heads, latent, **weights)
+    name = config.get("model_type", "model") if name == "" else name  # KVSpec refuses a name that is not a str
+    return KVSpec(name, layers, kv_heads, head_dim, windows, n_params, source, heads, latent, **weights)
 
 
 def _weight_parts(config: dict, layers: int, hidden: int) -> dict:
@@ -272,7 +259,6 @@ def _weight_parts(config: dict, layers: int, hidden: int) -> dict:
 
 
 def from_model_config(cfg: ModelConfig, name: str = "this book's target") -> KVSpec:
-    if not isinstance(cfg, ModelConfig):
-        raise TypeError(f"cfg must be a lib.config.ModelConfig, got {type(cfg).__name__}")
+    check_config(cfg)
     return KVSpec(name, cfg.n_layer, cfg.n_kv_head, cfg.head_dim, (None,) * cfg.n_layer, cfg.n_params(),
                   n_head=cfg.n_head)

@@ -40,10 +40,9 @@ class Policy:
     watermark: float = 0.01  # share of the pool a paged admission leaves free while others run (vLLM's)
 
     def __post_init__(self):
-        if self.batching not in ("continuous", "static"):
-            raise ValueError(f"batching must be 'continuous' or 'static', got {self.batching!r}")
-        if self.reserve not in ("paged", "max") or (self.batching == "static" and self.reserve != "max"):
-            raise ValueError(f"reserve must be 'paged' or 'max' ('max' for static batching), got {self.reserve!r}")
+        if (self.batching, self.reserve) not in (("continuous", "paged"), ("continuous", "max"), ("static", "max")):
+            raise ValueError(f"batching must be 'continuous' or 'static', and reserve must be 'paged' or 'max' ('max' for "
+                             f"static batching), got {self.batching!r} and {self.reserve!r}")
         check_count(self.max_batch, "max_batch")
         if not (is_number(self.watermark) and 0 <= self.watermark < 1):
             raise ValueError(f"watermark must be a share of the pool in [0, 1), got {self.watermark!r}")

@@ -40,8 +40,6 @@ def serve(model, trace, num_blocks: int, policy: Policy = Policy(), block_size: 
     max_tokens: the answer length a "max" reservation assumes (None: each request's own n_new, an
     oracle). draft: a draft Step for speculative decoding with up to k tokens per step. clock,
     draft_clock: None to time each iteration, or clocks from lib.measure.clocks."""
-    if not isinstance(model, Replay):
-        check_step(model)
     if not isinstance(policy, Policy):
         raise TypeError(f"policy must be a lib.serve.Policy (a rung of lib.serve.LADDER), got {policy!r}")
     check_temperature(temperature)
@@ -65,12 +63,12 @@ class Server:
 
     def __init__(self, model, trace, num_blocks, policy, block_size, temperature, batch_wait, max_tokens, clock,
                  draft, k, draft_clock):
-        cfg = model.cfg
         sharing = policy.prefix_caching and policy.reserve == "paged"
         if isinstance(model, Replay):  # recorded logits on a pool of block tables
             self.engine, self.pool = model, model.new_pool(num_blocks, block_size, sharing)
-        else:
-            self.engine, self.pool = BatchedModel(model), PagedKVCache(cfg, num_blocks, block_size, sharing)
+        else:  # BatchedModel refuses a model it cannot step
+            self.engine, self.pool = BatchedModel(model), PagedKVCache(model.cfg, num_blocks, block_size, sharing)
+        cfg = model.cfg
         self.temperature, self.batch_wait, self.k = temperature, batch_wait, k
         self.clock, self.draft_clock = clock, draft_clock
         outcomes = {r.rid: Outcome(r) for r in trace}
