@@ -31,7 +31,7 @@ BOUNDARY = (  # the public entry points: each checks its arguments; tests/test_f
 )
 
 
-def checked_by(rule):
+def entry_point(rule):
     """Mark a boundary entry point whose body a chapter prints: `rule` takes the entry's arguments,
     checks them and returns them normalised, and the body runs on what it returns. The listing
     then shows the rule's name on one line above the algorithm."""

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from lib.checks import check_cache, check_config, check_params, check_seed, check_tokens, checked_by
+from lib.checks import check_cache, check_config, check_params, check_seed, check_tokens, entry_point
 from lib.config import ModelConfig
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
@@ -135,7 +135,7 @@ def block(params, cfg: ModelConfig, i: int, x, cache=None):
     return x + mlp(x, params, i)  # (T, C)
 
 
-@checked_by(check_forward)
+@entry_point(check_forward)
 def forward(params, cfg: ModelConfig, tokens) -> np.ndarray:
     """Reference forward pass: logits (T, V) for every position, recomputed from scratch."""
     x = embed(params, tokens, 0)  # (T, C)
@@ -144,7 +144,7 @@ def forward(params, cfg: ModelConfig, tokens) -> np.ndarray:
     return head(params, x)  # (T, V)
 
 
-@checked_by(check_forward_cached)
+@entry_point(check_forward_cached)
 def forward_cached(params, cfg: ModelConfig, new_tokens, cache: KVStore) -> np.ndarray:
     """Append new tokens at positions cache.n.. and return their logits (T, V): prefill, one
     decode step and the verification of k draft tokens are this one call."""

@@ -182,7 +182,7 @@ def printed_objects(path: Path) -> list:
 
 def checks_in(code: str) -> list:
     """The lines of code that check arguments: a raise, or a call to check*/_check*/validate*. A
-    decorator naming the boundary's rule (`@checked_by(check_forward)`) is the one line a listing of
+    decorator naming the boundary's rule (`@entry_point(check_forward)`) is the one line a listing of
     an entry point may keep: the rule runs before the body, which stays the algorithm."""
     out, tree = [], ast.parse(code)
     decorators = {id(n) for f in ast.walk(tree) for d in getattr(f, "decorator_list", []) for n in ast.walk(d)}
