@@ -6,6 +6,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+matplotlib.rcParams["svg.hashsalt"] = "decode_step"  # fixed clip-path ids: the same file every run
 import matplotlib.pyplot as plt  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "book" / "figures" / "decode_step.svg"
