@@ -145,6 +145,12 @@ def test_slider_switches_the_plot_in_jupyterlab(lab):
     assert failed == [], f"requests failed: {failed}"
 
 
+# A glossary link ({term}`TTFT`) points into the book's glossary page, which a notebook opened on its own
+# does not have: jupyterlab-myst shows the term's text and logs that its target is missing. Nothing else
+# may reach the console.
+GLOSSARY_LINK = re.compile(r"(Cross reference target was not found: term-[^\n]+\n?)+")
+
+
 def test_a_chapter_reads_in_jupyterlab_as_in_the_book(lab):
     """Opened, not run: the prose shows the stored numbers, not role markup, and a dropdown is
     rendered collapsed (jupyterlab-myst), as in the built book."""
@@ -166,14 +172,15 @@ def test_a_chapter_reads_in_jupyterlab_as_in_the_book(lab):
             expect(prose).to_contain_text(f"{stored['t_full_511']} ms without the cache and {stored['t_cached_511']} ms")
             expect(prose).to_contain_text(f"{stored['speedup_511']} times faster")
             text = " ".join(notebook.locator(".jp-MarkdownCell").all_inner_texts())
-            assert "{eval}" not in text and "{glue" not in text and ":::" not in text, "MyST markup shown as text"
+            assert "{eval}" not in text and "{glue" not in text and "{term}" not in text and ":::" not in text, \
+                "MyST markup shown as text"
             summary = notebook.get_by_text(re.compile(r"^Deep dive: the cache.s own code$"))  # ' may render as ’
             expect(summary).to_be_visible()
             body = notebook.locator(".jp-MarkdownCell p", has_text="returns a view of the first")
             expect(body).to_be_hidden()  # collapsed until opened
             summary.click()
             expect(body).to_be_visible()
-            errors = list(page.errors)
+            errors = [e for e in page.errors if not GLOSSARY_LINK.fullmatch(str(e).strip())]
         finally:
             expect.set_options(timeout=None)
             browser.close()
