@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 OUT = Path(__file__).resolve().parents[1] / "book" / "figures" / "decode_step.svg"
 COSTS = [  # (cost, what sets it, colour, techniques acting on it with their chapters)
     ("per-call overhead", "calls x the cost of a call\n(numpy calls; kernel launches)", "#e8e8e8",
-     ["fewer, fused calls: the lean path (12)", "CUDA graphs: one launch per step (12)"]),
+     ["fewer, fused calls: the lean path (12)", "on a GPU, CUDA graphs: one launch per step (12)"]),
     ("weights' bytes", "every weight, read once per step,\nshared by every row of the step", "#cfe0f3",
      ["batching: more sequences per read (8)", "speculative decoding: more tokens per read (9, 10)",
       "prefill in one call: one read of the weights\nfor all prompt tokens (2)"]),
@@ -64,7 +64,7 @@ def draw():
         ax.text(x0 + 0.15, 2.1 - 0.22 * j, "• " + fix, fontsize=7.6, va="top")
     ax.text(x0 + 1.75, 1.05, "the pool decides the batch, and the batch\nshares the weights' bytes (8)",
             fontsize=8, color="0.3", ha="center", va="top")
-    ax.text(0.6, 0.35, "numbers in brackets: the chapter that measures it", fontsize=8, color="0.4")
+    ax.text(0.6, 0.35, "numbers in brackets: the chapter that treats it", fontsize=8, color="0.4")
     fig.tight_layout()
     OUT.parent.mkdir(exist_ok=True)
     fig.savefig(OUT, metadata={"Date": None})  # no timestamp: the same figure every run
