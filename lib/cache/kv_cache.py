@@ -66,7 +66,8 @@ def check_max_len(cfg: ModelConfig, max_len) -> int:
     return int(max_len)
 
 
-def check_step(step) -> None:
+def check_step_function(step) -> None:
+    """A cache's feed takes any function step(new_tokens, cache) -> logits (lib.checks.check_step asks more of a model)."""
     if not callable(step):
         raise TypeError(f"step must be a function step(new_tokens, cache) -> logits, such as a LeanModel, got {step!r:.80}")
 
@@ -124,7 +125,7 @@ class KVCache:
     def feed(self, new_tokens, step):
         """Compute new tokens at positions n.. with step(new_tokens, cache) and return their logits
         (T, V): the one way to advance a cache, shared with the paged `PagedSequence.feed`."""
-        check_step(step)
+        check_step_function(step)
         tokens = check_tokens(new_tokens, self.cfg, self.n)
         self.check_room(len(tokens))
         return step(tokens, self)

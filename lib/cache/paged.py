@@ -17,7 +17,7 @@ import numpy as np
 
 from lib.cache import quant
 from lib.cache.blocks import BlockManager
-from lib.cache.kv_cache import check_step, fixed_scales, storage
+from lib.cache.kv_cache import check_step_function, fixed_scales, storage
 from lib.checks import check_tokens
 from lib.config import ModelConfig
 
@@ -184,7 +184,7 @@ class PagedSequence:
         """Compute new tokens at positions n.. with step(tokens, cache), e.g. forward_cached, and
         return their logits. A feed that is refused changes nothing; its blocks become findable
         only once written."""
-        check_step(step)
+        check_step_function(step)
         (tokens,) = check_feed([self], [new_tokens])
         with reserved([self], [tokens]):
             return step(tokens, self)
