@@ -1,11 +1,12 @@
 """The cost model's arithmetic: a prediction is the sum its docstring states, with the constants
 given; interpolation stays between the measured points. (The GPU's step is tests/test_gpu.py.)"""
+import dataclasses
 import math
 
 import pytest
 
 from lib.measure.card import cache_sizes, measure
-from lib.measure.costmodel import Machine, predict
+from lib.measure.costmodel import LOOP_COUNTS, Machine, predict, predict_decoding
 from lib.measure.counting import Op
 
 LEVELS = (256 * 2**10, 16 * 2**20, 256 * 2**20)
@@ -63,6 +64,22 @@ def test_calibration_gives_finite_positive_constants():
               *machine.rates.values(), *machine.per_element.values()]
     assert all(math.isfinite(v) and v >= 0 for v in values)
     assert {p for p, _, _ in machine.rates} == {"numpy", "one-row batch", "kernel"}
+    assert set(machine.loop) == {"greedy", "sampled"}
+    assert all(set(costs) == set(LOOP_COUNTS) and all(math.isfinite(v) and v >= 0 for v in costs.values())
+               for costs in machine.loop.values())
+    assert machine.loop["sampled"]["token"] > machine.loop["greedy"]["token"]  # a softmax and a draw vs an argmax
+
+
+def test_decoding_is_the_calls_plus_the_loops_own_costs():
+    loop = {"greedy": dict(zip(LOOP_COUNTS, (1e-6, 2e-6, 3e-6, 4e-6, 5e-6))),
+            "sampled": dict(zip(LOOP_COUNTS, (10e-6, 20e-6, 30e-6, 40e-6, 50e-6)))}
+    machine = dataclasses.replace(MACHINE, loop=loop)
+    assert predict_decoding(machine, 1e-3, 0.0, 100) == pytest.approx(100 * (1e-3 + 1e-6))
+    assert predict_decoding(machine, 1e-3, 0.7, 100) == pytest.approx(100 * (1e-3 + 10e-6))
+    stats = {"rounds": 30, "drafted": 90, "draft_calls": 90, "judged": 80, "accepted": 70}  # k = 3: 4-token calls
+    V = {4: 1.5}
+    expected = 30 * 1.5 * 1e-3 + 90 * 1e-4 + 30 * 20e-6 + 90 * 30e-6 + 80 * 40e-6 + 10 * 50e-6
+    assert predict_decoding(machine, 1e-3, 0.7, 100, stats, 1e-4, V) == pytest.approx(expected)
 
 
 def test_the_card_is_measured_once_kept_and_measured_again_when_its_key_changes(tmp_path, monkeypatch):

@@ -4,7 +4,8 @@
 inside each engine path), read bandwidth by working-set size (32 KiB to 1 GiB, probed with the
 product a decode step runs: one row through (K, N) weights in the engine's layout), the FLOP/s of
 a weight product by row count and weight size with each product the engine can choose, and the
-cost per element of each elementwise function. `calibrate()` returns the card: loaded from disk
+cost per element of each elementwise function, and a decoding loop's own time (run over a step that
+does no model work, `FreeStep`). `calibrate()` returns the card: loaded from disk
 when its key (the CPU, its cores, numpy, numpy's BLAS and the probes' code) matches, measured
 again otherwise, so every chapter quotes one machine. `lib.measure.costmodel` predicts from it.
 """
@@ -18,9 +19,11 @@ import numpy as np
 
 from lib.config import ModelConfig
 from lib.fast.kernels import MAX_ROWS, candidates
+from lib.generation import generate
 from lib.measure.costmodel import (
     ELEMENTWISE,
     LARGE_ROWS,
+    LOOP_COUNTS,
     PROBE_SIZES,
     RATE_LEVELS,
     RATE_ROWS,
@@ -32,7 +35,9 @@ from lib.measure.costmodel import (
 from lib.measure.counting import cached_call, step_counts
 from lib.measure.machine import cpu_model
 from lib.model import init_params
+from lib.speculative import speculative_generate
 from lib.timing import median_time, single_thread
+from lib.tokenizer import VOCAB_SIZE
 
 
 def cache_sizes() -> dict:
@@ -129,12 +134,53 @@ def _element_costs(call: float, n: int = 65536) -> dict:
             for name, fn in ELEMENTWISE.items()}
 
 
+class FreeStep:
+    """A Step that does no model work: the logits of position i are row i of a fixed table. A decoding
+    loop run over it takes only the loop's own time (drawing tokens, judging drafts, bookkeeping)."""
+
+    def __init__(self, cfg, table):
+        self.cfg, self.table = cfg, table  # table (block_size, V)
+
+    def __call__(self, new_tokens, cache) -> np.ndarray:
+        start = cache.n
+        cache.advance(len(new_tokens))
+        return self.table[start:cache.n]  # (T, V)
+
+
+LOOP_KS, LOOP_NOISE, LOOP_TOKENS = (1, 2, 4, 8), (0.5, 1.5, 3.0, 6.0), 96  # drafts per round; draft logit noise (alpha high to low)
+
+
+def _loop_costs() -> dict:
+    """{"greedy" | "sampled": {LOOP_COUNTS name: seconds}}: `generate` over a FreeStep gives the loop's time
+    per token; `speculative_generate` over a FreeStep target and a FreeStep draft (the target's logits plus
+    noise, from a high acceptance rate to a low one) at several k gives runs whose times are fitted, by least
+    squares, as a cost per round, per draft call, per judged and per rejected draft token."""
+    cfg = ModelConfig(n_layer=1, n_head=1, n_kv_head=1, n_embd=8, block_size=2 * LOOP_TOKENS, vocab_size=VOCAB_SIZE)
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((cfg.block_size, VOCAB_SIZE)).astype(np.float32) * 3  # (positions, V)
+    target, prompt = FreeStep(cfg, table), np.arange(8) % VOCAB_SIZE
+    costs = {}
+    for kind, temperature in (("greedy", 0.0), ("sampled", 0.7)):
+        per_token = median_time(lambda: generate(target, prompt, LOOP_TOKENS, temperature), repeats=5, warmup=1) / LOOP_TOKENS
+        rows, times = [], []
+        for noise in LOOP_NOISE:
+            draft = FreeStep(cfg, table + noise * rng.standard_normal(table.shape).astype(np.float32))
+            for k in LOOP_KS:
+                run = lambda: speculative_generate(target, draft, prompt, LOOP_TOKENS, k, temperature)
+                s = run()[1]  # SpecStats
+                rows.append([s.rounds, s.draft_calls, s.judged, s.judged - s.accepted])
+                times.append(median_time(run, repeats=3, warmup=1))
+        fit = np.clip(np.linalg.lstsq(np.array(rows, float), np.array(times), rcond=None)[0], 0.0, None)
+        costs[kind] = dict(zip(LOOP_COUNTS, [per_token, *map(float, fit)]))
+    return costs
+
+
 def measure() -> Machine:
     """Measure this machine's constants now (one BLAS thread, about ten seconds)."""
     with single_thread():
         call = _call_cost()
         return Machine(call, _engine_call_costs(), _read_rates(PROBE_SIZES), _product_rates(call),
-                       _element_costs(call), cache_sizes())
+                       _element_costs(call), cache_sizes(), _loop_costs())
 
 
 # ----------------------------------------------------------------------------- the machine card
@@ -161,12 +207,12 @@ def card_path(key: dict = None) -> Path:
 def _to_json(m: Machine, key: dict) -> dict:
     return {"key": key, "call": m.call, "engine_call": m.engine_call, "read_rates": [list(p) for p in m.read_rates],
             "rates": [[p, r, s, v] for (p, r, s), v in m.rates.items()], "per_element": m.per_element,
-            "caches": m.caches, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "caches": m.caches, "loop": m.loop, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
 def _from_json(d: dict) -> Machine:
     return Machine(d["call"], d["engine_call"], tuple(tuple(p) for p in d["read_rates"]),
-                   {(p, r, s): v for p, r, s, v in d["rates"]}, d["per_element"], d["caches"])
+                   {(p, r, s): v for p, r, s, v in d["rates"]}, d["per_element"], d["caches"], d["loop"])
 
 
 def load_card() -> Machine | None:

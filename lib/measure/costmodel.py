@@ -17,6 +17,13 @@ by the larger of reading and computing:
   of the level that holds them;
 - any other call (a copy, a concatenation): its bytes at that bandwidth.
 
+A decoding loop adds its own time around the model's calls: drawing each token (a softmax and an
+inverse CDF when sampling), and for speculative decoding (Leviathan et al. 2023) each round's
+accept/reject tests, residual draws and cache truncation. The card measures these loop costs once,
+by running the engine's own loops over a step that does no model work (`loop` below), per emitted
+token, per round, per draft call, per judged and per rejected draft token; `predict_decoding` adds
+them to the predicted calls.
+
 The constants are this machine's card (`lib.measure.card.calibrate()`: measured once and kept on
 disk). One set of constants serves every prediction of a run: nothing is tuned per point. (A GPU's
 step, from its data sheet, is `lib.gpu.step`.)
@@ -52,6 +59,7 @@ ELEMENTWISE = {  # ufunc (and method) -> a call that computes 65,536 float32 ele
     "maximum.reduce": lambda x, o: np.maximum.reduce(x.reshape(256, 256), axis=-1),
     "setitem": lambda x, o: o.__setitem__(x > 0, -np.inf),  # a masked write (2 of 4 bytes per element)
 }
+LOOP_COUNTS = ("token", "round", "draft call", "judged", "rejected")  # what a decoding loop's own time is priced by
 ALIASES = {"true_divide": "divide", "less": "greater", "greater_equal": "greater", "less_equal": "greater",
            "minimum": "maximum", "negative": "multiply", "absolute": "multiply"}
 
@@ -71,6 +79,7 @@ class Machine:
     rates: dict  # {(product, rows, weight bytes): FLOP/s}; product "numpy", "one-row batch" or "kernel"
     per_element: dict  # {ufunc name: seconds per element}
     caches: dict = field(default_factory=dict)  # {"L1d": bytes, "L2": bytes, "L3": bytes} as the system reports
+    loop: dict = field(default_factory=dict)  # {"greedy" | "sampled": {LOOP_COUNTS name: s}}: a loop's own time
 
     @property
     def memory_bandwidth(self) -> float:
@@ -145,6 +154,8 @@ def card_constants(m: Machine) -> str:
                                                   if (product, r, s) in m.rates) for r in rows], 6, "    "))
     lines.append("elementwise ns per element:")
     lines.append(rows_of([f"{k} {v * 1e9:.2f}" for k, v in m.per_element.items()], 6))
+    lines.append("a decoding loop's own us (target-only: per token; speculative: per round, draft call, judged, rejected):")
+    lines += [f"  {kind}: " + ", ".join(f"{name} {s * 1e6:.1f}" for name, s in costs.items()) for kind, costs in m.loop.items()]
     return "\n".join(lines)
 
 
@@ -177,6 +188,22 @@ def predict(counts, machine: Machine, product: str = "numpy", path: str = None) 
         by_name[op.name] = by_name.get(op.name, 0.0) + t
     parts["calls"] = len(ops) * (machine.engine_call[path] if path else machine.call)
     return Prediction(sum(parts.values()), parts, by_name)
+
+
+def predict_decoding(machine: Machine, target_call: float, temperature: float, n_tokens: int, stats=None,
+                     draft_call: float = 0.0, call_cost=None) -> float:
+    """Seconds to emit n_tokens: target-only (stats None), each token one target call of target_call
+    seconds; or speculative, from the run's counts (`SpecStats` totals: rounds, draft calls, judged,
+    accepted), each round one target call over its drafted tokens plus one at call_cost[T] x target_call
+    (V(T)), each draft call draft_call seconds. Both with the card's loop costs on top."""
+    loop = machine.loop["sampled" if temperature > 0 else "greedy"]
+    if stats is None:
+        return n_tokens * (target_call + loop["token"])
+    k = round(stats["drafted"] / stats["rounds"]) + 1  # tokens per target call, the run's typical round
+    counts = {"token": 0, "round": stats["rounds"], "draft call": stats["draft_calls"], "judged": stats["judged"],
+              "rejected": stats["judged"] - stats["accepted"]}
+    return (stats["rounds"] * call_cost[k] * target_call + stats["draft_calls"] * draft_call
+            + sum(counts[name] * loop[name] for name in LOOP_COUNTS))
 
 
 # ----------------------------------------------------------------------------- predicted against measured
