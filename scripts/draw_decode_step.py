@@ -1,6 +1,10 @@
 """Draw the summary's figure: the anatomy of one decode step, with each technique of the book
 attached to the cost it acts on. A diagram, no measurement: `python scripts/draw_decode_step.py`
-writes book/figures/decode_step.svg."""
+writes book/figures/decode_step.svg.
+
+It is drawn at the width the book's column shows it (about 7 inches at 1280 px), so its type is
+read at its own size: at least 9.5 points, one column of cost boxes above the memory panel."""
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -10,62 +14,102 @@ matplotlib.rcParams["svg.hashsalt"] = "decode_step"  # fixed clip-path ids: the 
 import matplotlib.pyplot as plt  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "book" / "figures" / "decode_step.svg"
+WIDTH = 7.0  # inches: the book's column at 1280 px shows it at about its own size
+LINE = 0.19  # inches per line of 9.5-point text
+FIX_CHARS = 44  # characters per line of a technique beside its box
+PANEL = 2.9  # inches: the memory panel
+SMALL, BODY, NAME, TITLE = 9.5, 10.5, 12, 13  # points
 COSTS = [  # (cost, what sets it, colour, techniques acting on it with their chapters)
     ("per-call overhead", "calls x the cost of a call\n(numpy calls; kernel launches)", "#e8e8e8",
-     ["fewer, fused calls: the lean path (12)", "on a GPU, CUDA graphs: one launch per step (12)"]),
+     ["fewer, fused calls: the lean path (12)", "CUDA graphs on a GPU: one launch a step (12)"]),
     ("weights' bytes", "every weight, read once per step,\nshared by every row of the step", "#cfe0f3",
      ["batching: more sequences per read (8)", "speculative decoding: more tokens per read (9, 10)",
-      "prefill in one call: one read of the weights\nfor all prompt tokens (2)"]),
+      "prefill in one call: one read of the weights for all prompt tokens (2)"]),
     ("K/V bytes", "each sequence's cache at its\ncontext, read at every step", "#fbe3c8",
      ["fewer K/V heads: GQA, MQA (5)", "fewer bits per value: KV quantization (7)"]),
     ("FLOPs", "2 per weight per row, plus attention;\nnearly free on a GPU below the ridge", "#dcefd9",
-     ["the KV cache: no recomputation of the past (3)", "chunked prefill: a prompt's FLOPs spread over steps (8)"]),
+     ["the KV cache: the past is not recomputed (3)", "chunked prefill: a prompt's FLOPs spread over steps (8)"]),
 ]
 CAPACITY = ["the KV memory formula on real models (4)", "paged blocks: no reserved waste (6)",
             "prefix sharing: one copy of a shared prompt (3, 6)", "GQA and quantization: more positions per byte (5, 7)"]
-SCHEDULER = ["continuous batching, a token budget,", "chunked prefill, preemption (8);", "which lever for which symptom (11)"]
+SCHEDULER = ("the scheduler around the step: continuous batching, a token budget, chunked prefill, "
+             "preemption (8); which lever for which symptom (11)")
+
+
+def wrap(text: str, width: int) -> str:
+    """Text broken into lines of at most `width` characters."""
+    return "\n".join(textwrap.wrap(text, width))
+
+
+def slots(fixes: list) -> list:
+    """Inches each technique takes beside its box: its lines and a gap."""
+    return [LINE * (wrap(fix, FIX_CHARS).count("\n") + 1) + 0.12 for fix in fixes]
+
+
+def row_height(fixes: list) -> float:
+    """Inches of one cost's row: its box, or its techniques if they are taller."""
+    return max(1.05, sum(slots(fixes)) + 0.1)
+
+
+def cost_row(ax, top: float, name: str, why: str, colour: str, fixes: list) -> float:
+    """One cost's box and the techniques pointing at it, from `top` down; returns the row's height."""
+    height, gaps = row_height(fixes), slots(fixes)
+    box_h, mid = 1.0, top - height / 2
+    ax.add_patch(plt.Rectangle((0.3, mid - box_h / 2), 3.0, box_h, facecolor=colour, edgecolor="0.35"))
+    ax.text(0.42, mid + box_h / 2 - 0.1, name, fontsize=NAME, weight="bold", va="top")
+    ax.text(0.42, mid - box_h / 2 + 0.1, why, fontsize=SMALL, color="0.2", va="bottom")
+    y = mid + sum(gaps) / 2
+    for fix, slot in zip(fixes, gaps):
+        ax.annotate(wrap(fix, FIX_CHARS), xy=(3.3, mid), xytext=(3.6, y - slot / 2), fontsize=SMALL, va="center",
+                    arrowprops=dict(arrowstyle="->", color="0.45", lw=0.8, relpos=(0, 0.5)))
+        y -= slot
+    return height
+
+
+def memory_panel(ax, top: float) -> float:
+    """The memory panel: weights and a pool of K/V blocks, and the techniques that fit more sequences."""
+    height = PANEL
+    ax.add_patch(plt.Rectangle((0.3, top - height), WIDTH - 0.6, height, facecolor="white", edgecolor="0.35"))
+    ax.text(0.42, top - 0.12, "memory capacity", fontsize=NAME, weight="bold", va="top")
+    ax.text(0.42, top - 0.45, "GPU memory = weights + KV pool:\nthe pool decides how many\nsequences fit in a step",
+            fontsize=SMALL, color="0.2", va="top")
+    base = top - 2.0
+    ax.add_patch(plt.Rectangle((0.42, base), 0.9, 0.8, facecolor="#cfe0f3", edgecolor="0.4"))
+    ax.text(0.87, base + 0.4, "weights", fontsize=SMALL, ha="center", va="center")
+    for k in range(6):
+        ax.add_patch(plt.Rectangle((1.45 + 0.28 * k, base), 0.25, 0.8,
+                                   facecolor="#fbe3c8" if k % 3 != 2 else "white", edgecolor="0.4"))
+    ax.text(2.27, base - 0.08, "KV pool in blocks", fontsize=SMALL, ha="center", va="top")
+    for x, fill, label in [(0.42, "#fbe3c8", "in use"), (1.8, "white", "free")]:  # the pool's legend
+        ax.add_patch(plt.Rectangle((x, base - 0.6), 0.15, 0.15, facecolor=fill, edgecolor="0.4"))
+        ax.text(x + 0.22, base - 0.525, label + " blocks", fontsize=SMALL, va="center", color="0.2")
+    y = top - 0.5
+    for fix in CAPACITY:
+        fix = wrap(fix, 42)
+        ax.text(3.35, y, "• " + fix.replace("\n", "\n   "), fontsize=SMALL, va="top")
+        y -= LINE * (fix.count("\n") + 1) + 0.1
+    ax.text(3.35, y - 0.05, "the pool decides the batch, and the\nbatch shares the weights' bytes (8)",
+            fontsize=SMALL, color="0.3", va="top", style="italic")
+    return height
 
 
 def draw():
-    fig, ax = plt.subplots(figsize=(12.5, 7.2))
+    total = 1.75 + sum(row_height(fixes) for *_, fixes in COSTS) + 0.15 * len(COSTS) + PANEL + 0.55
+    fig = plt.figure(figsize=(WIDTH, total))
+    ax = fig.add_axes((0, 0, 1, 1))
     ax.set_axis_off()
-    ax.set_xlim(0, 12.5)
-    ax.set_ylim(0, 7.2)
-    ax.add_patch(plt.Rectangle((0.15, 0.15), 12.2, 6.9, facecolor="#fafafa", edgecolor="0.55", ls="--"))
-    ax.text(0.35, 6.75, "the scheduler around the step: " + " ".join(SCHEDULER), fontsize=9.5, color="0.25")
-    ax.text(0.6, 6.2, "one decode step: one new token for each sequence in the batch", fontsize=11, weight="bold")
-    ax.text(0.6, 5.85, "simplified: time ≈ calls x overhead + max(bytes / bandwidth, FLOPs / peak FLOP/s)",
-            fontsize=9.5, color="0.25")
-    for i, (name, why, colour, fixes) in enumerate(COSTS):
-        y = 4.85 - i * 1.12
-        ax.add_patch(plt.Rectangle((0.6, y), 3.2, 0.9, facecolor=colour, edgecolor="0.35"))
-        ax.text(0.75, y + 0.62, name, fontsize=10, weight="bold")
-        ax.text(0.75, y + 0.12, why, fontsize=7.8, color="0.2")
-        slots = [0.15 * (fix.count("\n") + 2) for fix in fixes]  # a line of text and a gap, per fix
-        top = y + 0.45 + sum(slots) / 2  # the fixes stacked, centred on their box
-        for j, fix in enumerate(fixes):
-            ax.annotate(fix, xy=(3.8, y + 0.45), xytext=(4.5, top - sum(slots[:j]) - slots[j] / 2), fontsize=9,
-                        va="center", arrowprops=dict(arrowstyle="->", color="0.45", lw=0.8, relpos=(0, 0.5)))
-    x0 = 8.55
-    ax.add_patch(plt.Rectangle((x0, 0.55), 3.5, 5.2, facecolor="white", edgecolor="0.35"))
-    ax.text(x0 + 0.15, 5.45, "memory capacity", fontsize=10, weight="bold")
-    ax.text(x0 + 0.15, 5.1, "GPU memory = weights + KV pool:\nthe pool decides how many\nsequences fit in a step",
-            fontsize=7.8, color="0.2", va="top")
-    ax.add_patch(plt.Rectangle((x0 + 0.25, 3.05), 0.9, 1.05, facecolor="#cfe0f3", edgecolor="0.4"))
-    ax.text(x0 + 0.7, 3.57, "weights", fontsize=7.8, ha="center", va="center")
-    for k in range(6):
-        ax.add_patch(plt.Rectangle((x0 + 1.3 + 0.33 * k, 3.05), 0.3, 1.05,
-                                   facecolor="#fbe3c8" if k % 3 != 2 else "white", edgecolor="0.4"))
-    ax.text(x0 + 2.3, 2.85, "KV pool in blocks", fontsize=7.8, ha="center", va="top")
-    for x, fill, label in [(x0 + 1.3, "#fbe3c8", "blocks in use"), (x0 + 2.45, "white", "free blocks")]:  # legend
-        ax.add_patch(plt.Rectangle((x, 2.38), 0.14, 0.16, facecolor=fill, edgecolor="0.4"))
-        ax.text(x + 0.2, 2.46, label, fontsize=7.4, va="center", color="0.2")
-    for j, fix in enumerate(CAPACITY):
-        ax.text(x0 + 0.15, 2.1 - 0.22 * j, "• " + fix, fontsize=7.6, va="top")
-    ax.text(x0 + 1.75, 1.05, "the pool decides the batch, and the batch\nshares the weights' bytes (8)",
-            fontsize=8, color="0.3", ha="center", va="top")
-    ax.text(0.6, 0.35, "numbers in brackets: the chapter that treats it", fontsize=8, color="0.4")
-    fig.tight_layout()
+    ax.set_xlim(0, WIDTH)
+    ax.set_ylim(0, total)
+    ax.add_patch(plt.Rectangle((0.08, 0.08), WIDTH - 0.16, total - 0.16, facecolor="#fafafa", edgecolor="0.55", ls="--"))
+    ax.text(0.2, total - 0.2, wrap(SCHEDULER, 80), fontsize=SMALL, color="0.25", va="top")
+    ax.text(0.3, total - 0.78, "one decode step: one new token for each sequence", fontsize=TITLE, weight="bold", va="top")
+    ax.text(0.3, total - 1.15, "simplified: time ≈ calls x overhead\n"
+            "                   + max(bytes / bandwidth, FLOPs / peak FLOP/s)", fontsize=BODY, color="0.25", va="top")
+    top = total - 1.75
+    for cost in COSTS:
+        top -= cost_row(ax, top, *cost) + 0.15
+    top -= memory_panel(ax, top)
+    ax.text(0.3, 0.2, "numbers in brackets: the chapter that treats it", fontsize=SMALL, color="0.4")
     OUT.parent.mkdir(exist_ok=True)
     fig.savefig(OUT, metadata={"Date": None})  # no timestamp: the same figure every run
 
