@@ -12,7 +12,7 @@ from lib.measure.counting import Op
 LEVELS = (256 * 2**10, 16 * 2**20, 256 * 2**20)
 MACHINE = Machine(
     call=1e-6, engine_call={"lean": 2e-6, "plain": 3e-6},
-    read_rates=((2**10, 100e9), (2**20, 50e9), (2**30, 10e9)),
+    read_rates=((2**10, 100e9), (2**20, 50e9), (2**28, 12e9), (2**29, 10e9), (2**30, 4e9)),  # the last slowed by a busy core
     rates={**{(p, r, s): r * 10e9 / (1 + LEVELS.index(s)) for p in ("numpy", "kernel") for r in range(1, 16) for s in LEVELS},
            **{("numpy", r, LEVELS[0]): r * 10e9 for r in (16, 64, 512)}},
     per_element={"multiply": 1e-9, "exp": 4e-9, "add.reduce": 2e-9})
@@ -21,7 +21,8 @@ MACHINE = Machine(
 def test_bandwidth_is_interpolated_in_log_size_and_clamped():
     assert MACHINE.bandwidth(2**20) == pytest.approx(50e9)
     assert MACHINE.bandwidth(2**15) == pytest.approx(75e9)  # halfway between 2^10 and 2^20 in log size
-    assert MACHINE.bandwidth(1) == 100e9 and MACHINE.bandwidth(2**40) == 10e9
+    assert MACHINE.bandwidth(1) == 100e9
+    assert MACHINE.bandwidth(2**40) == MACHINE.bandwidth(2**28) == 10e9  # memory: the median of the three largest probes
 
 
 def test_product_rate_by_rows_and_level_and_unknown_product_falls_back_to_numpy():
@@ -101,6 +102,6 @@ def test_the_card_is_measured_once_kept_and_measured_again_when_its_key_changes(
 
 
 def test_the_card_quotes_one_bandwidth_and_one_peak():
-    assert MACHINE.memory_bandwidth == 10e9  # the largest working set's rate
+    assert MACHINE.memory_bandwidth == 10e9  # the largest working sets' median rate
     assert MACHINE.peak == 512 * 10e9
     assert "10.0 GB/s" in MACHINE.card() and "5120 GFLOP/s" in MACHINE.card() and "3.0 / 2.0 us" in MACHINE.card()

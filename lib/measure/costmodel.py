@@ -45,6 +45,7 @@ PROBE_SIZES = (MIB // 4, MIB, 3 * MIB // 2, 2 * MIB, 3 * MIB, 4 * MIB, 8 * MIB, 
 # priced a 45 MB stand-in at twice the rate it streamed on a 32 MiB L3.
 # None below 256 KiB: there one-row products' bytes take less time than their calls, and the difference of
 # two call times resolves no rate (a 32 KiB probe once gave 3e16 B/s); smaller working sets take 256 KiB's rate.
+MEMORY_PROBES = 3  # the largest read probes (384 MiB to 1 GiB) measure memory's rate together
 RATE_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 64, 512)
 RATE_LEVELS = (256 * 2**10, 16 * 2**20, 256 * 2**20)  # weight sizes the products are timed on: in L2, L3, memory
 LARGE_ROWS = 64  # from this many rows on, products are timed in L2 only (compute-bound wherever the weight is;
@@ -70,6 +71,15 @@ def envelope(rates) -> np.ndarray:
     return np.maximum.accumulate(np.asarray(rates, float)[::-1])[::-1]
 
 
+def read_curve(read_rates) -> np.ndarray:
+    """Read rates by working set as the model uses them: the largest MEMORY_PROBES probes, all far past
+    the last cache, take their median (one probe slowed by another process must not set memory's rate
+    for every working set beyond it), then the envelope."""
+    rates = np.array([r for _, r in read_rates], float)
+    rates[-MEMORY_PROBES:] = np.median(rates[-MEMORY_PROBES:])
+    return envelope(rates)
+
+
 @dataclass(frozen=True)
 class Machine:
     """Measured constants of one machine (one thread): seconds, bytes/s, FLOP/s."""
@@ -83,8 +93,8 @@ class Machine:
 
     @property
     def memory_bandwidth(self) -> float:
-        """Read bytes/s from memory: the probe with the largest working set, far beyond the last cache."""
-        return float(self.read_rates[-1][1])
+        """Read bytes/s from memory: the median of the probes with the largest working sets, far beyond the last cache."""
+        return float(read_curve(self.read_rates)[-1])
 
     @property
     def peak(self) -> float:
@@ -100,8 +110,8 @@ class Machine:
 
     def bandwidth(self, working_set: float) -> float:
         """Read bandwidth for a working set of this many bytes, interpolated in log size between the probes."""
-        sizes, rates = zip(*self.read_rates)
-        return float(np.interp(np.log(max(working_set, 1.0)), np.log(sizes), envelope(rates)))
+        sizes = [size for size, _ in self.read_rates]
+        return float(np.interp(np.log(max(working_set, 1.0)), np.log(sizes), read_curve(self.read_rates)))
 
     def rate(self, rows: int, product: str = "numpy", working_set: float = 0.0) -> float:
         """FLOP/s of a weight product over `rows` rows whose weights stream from a working set of this
