@@ -15,20 +15,20 @@ BOUNDARY = (  # the public entry points: each checks its arguments; tests/test_f
     "lib.config.ModelConfig",
     "lib.tokenizer.encode", "lib.tokenizer.decode",
     "lib.model.Model", "lib.model.forward", "lib.model.forward_cached", "lib.model.init_params",
-    "lib.model.save", "lib.model.load", "lib.model.load_metadata",
+    "lib.model.load", "lib.model.load_metadata",
     "lib.generation.generate", "lib.generation.complete",
     "lib.speculative.speculative_generate",
     "lib.kv_scales.kv_maxima",
     "lib.cache.kv_cache.KVCache", "lib.cache.kv_cache.KVCache.feed",
     "lib.cache.kivi.KiviCache", "lib.cache.kivi.KiviCache.feed", "lib.cache.kivi_parts.KiviParts",
     "lib.cache.blocks.BlockManager",
-    "lib.cache.paged.PagedKVCache", "lib.cache.paged.PagedKVCache.add", "lib.cache.paged.PagedKVCache.fork",
-    "lib.cache.paged.PagedKVCache.free", "lib.cache.paged.PagedSequence.feed",
+    "lib.cache.paged.PagedKVCache", "lib.cache.paged.PagedKVCache.add", "lib.cache.paged.PagedSequence.feed",
     "lib.fast.lean.LeanModel", "lib.fast.batch.BatchedModel", "lib.fast.batch.BatchedModel.feed",
-    "lib.gpu.memory.GPU", "lib.gpu.memory.KVSpec", "lib.gpu.memory.read_config",
+    "lib.gpu.memory.read_config",
     "lib.gpu.memory.from_hf_config", "lib.gpu.memory.from_model_config",
     "lib.serve.policy.Policy", "lib.serve.server.serve",
-)
+)  # behind it, trusted: the records readers fill in (lib.gpu.memory.KVSpec, GPU), the trainer's
+# lib.model.save, and the pool's fork and free, which the scheduler drives
 
 
 def entry_point(rule):
@@ -64,11 +64,19 @@ def check_step(model, name: str = "model"):
     return model
 
 
-def check_count(value, name: str, low: int = 1, what: str = "") -> int:
-    """An integer (not a bool) >= low, else a ValueError naming it."""
-    if not is_int(value) or value < low:
-        raise ValueError(f"{name}{what} must be an integer >= {low}, got {value!r}")
+def check_count(value, name: str, low: int = 1, what: str = "", high: int | None = None) -> int:
+    """An integer (not a bool) >= low, and <= high if given (a seed, a size, a position), else a
+    ValueError naming it."""
+    if not is_int(value) or value < low or (high is not None and value > high):
+        wanted = f"an integer in {low}..{high}" if high is not None else "a non-negative integer" if low == 0 else f"an integer >= {low}"
+        raise ValueError(f"{name}{what} must be {wanted}, got {value!r}")
     return int(value)
+
+
+def check_option(value, name: str, options) -> None:
+    """One of `options`, the names (or integers) a setting may take, else a ValueError listing them."""
+    if not (isinstance(value, str) or is_int(value)) or value not in options:
+        raise ValueError(f"{name} must be one of {', '.join(map(str, options))}, got {value!r}")
 
 
 def check_tokens(tokens, cfg: ModelConfig, start: int = 0) -> np.ndarray:
@@ -105,10 +113,8 @@ def check_params(params, cfg: ModelConfig) -> None:
 
 def check_cache(cache, cfg: ModelConfig) -> None:
     """A cache (KVCache or PagedSequence) holds K/V of this config's shape: layers, K/V heads, head size."""
-    made = getattr(cache, "cfg", None)
-    if made is cfg and isinstance(cfg, ModelConfig):
-        return
     check_config(cfg)
+    made = getattr(cache, "cfg", None)
     if not isinstance(made, ModelConfig):
         raise TypeError(f"expected a KV cache (lib.cache.kv_cache.KVCache or a paged sequence), got {type(cache).__name__}")
     if (made.n_layer, made.n_kv_head, made.head_dim) != (cfg.n_layer, cfg.n_kv_head, cfg.head_dim):
@@ -121,10 +127,3 @@ def check_temperature(temperature) -> None:
         raise TypeError(f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}")
     if not np.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
-
-
-def check_seed(seed) -> int:
-    """A seed for numpy.random.default_rng: a non-negative integer."""
-    if not is_int(seed) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    return int(seed)

@@ -10,7 +10,7 @@ from typing import NamedTuple
 import numpy as np
 
 from lib.cache.kv_cache import KVCache
-from lib.checks import check_count, check_seed, check_step, check_temperature, check_tokens
+from lib.checks import check_count, check_step, check_temperature, check_tokens
 from lib.sampling import next_token
 from lib.tokenizer import VOCAB_SIZE, decode, encode
 
@@ -35,7 +35,7 @@ def generate(model, prompt, n_new: int, temperature: float = 0.0, seed: int = 0,
     cfg = check_step(model).cfg
     prompt = check_tokens(prompt, cfg)
     check_request(len(prompt), n_new, cfg.block_size, temperature)
-    rng = np.random.default_rng(check_seed(seed))
+    rng = np.random.default_rng(check_count(seed, "seed", 0))
     seq, out, logits = list(prompt), [], []
     cache = KVCache(cfg, len(prompt) + n_new)
     last = model(prompt, cache)[-1]  # (V,) prefill

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from lib.checks import check_cache, check_config, check_params, check_seed, check_tokens, entry_point
+from lib.checks import check_cache, check_config, check_count, check_params, check_tokens, entry_point
 from lib.config import ModelConfig
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
@@ -181,7 +181,7 @@ class Model:
 def init_params(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> dict:
     """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer)."""
     check_config(cfg)
-    check_seed(seed)
+    check_count(seed, "seed", 0)
     try:
         floating = dtype is not None and np.dtype(dtype).kind == "f"  # np.dtype(None) would be float64
     except TypeError:
@@ -202,12 +202,9 @@ def init_params(cfg: ModelConfig, seed: int = 0, dtype=np.float32) -> dict:
 
 
 def save(params, cfg: ModelConfig, name: str, metadata: dict, folder=WEIGHTS_DIR) -> Path:
-    """Write <name>.npz (float32 parameters) and <name>.json (config and training record)."""
-    check_params(params, cfg)
-    path = _weights_path(name, folder, ".npz")
-    if not isinstance(metadata, dict):
-        raise TypeError(f"metadata must be a dict (the training record), got {type(metadata).__name__}")
-    folder = path.parent
+    """Write <name>.npz (float32 parameters) and <name>.json (config and training record): the
+    trainer's verb (`lib.train`), for the parameters it trained; a chapter loads them."""
+    folder = _weights_path(name, folder, ".npz").parent
     folder.mkdir(parents=True, exist_ok=True)
     np.savez(folder / f"{name}.npz", **{k: np.asarray(v, np.float32) for k, v in params.items()},
              **{CONFIG_KEY: np.array(json.dumps(cfg.__dict__))})  # the weights carry their config

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lib.cache.kv_cache import KVCache
-from lib.checks import check_cache, check_count, check_seed, check_step, check_tokens
+from lib.checks import check_cache, check_count, check_step, check_tokens
 from lib.config import ModelConfig, is_int
 from lib.generation import check_request
 from lib.sampling import probs_from_logits, sample
@@ -199,7 +199,7 @@ def speculative_generate(target, draft, prompt, n_new: int, k: int = 4, temperat
     check_pair(tcfg, dcfg, k, dynamic, k_max)
     prompt = check_tokens(prompt, tcfg)
     check_request(len(prompt), n_new, min(tcfg.block_size, dcfg.block_size), temperature)
-    rng = np.random.default_rng(check_seed(seed))
+    rng = np.random.default_rng(check_count(seed, "seed", 0))
     max_len = len(prompt) + n_new
     cache = target_cache(cache, tcfg, prompt, max_len)
     drafter = draft.start(prompt, tcfg.vocab_size) if lookup else ModelDrafter(draft, prompt, max_len, temperature)

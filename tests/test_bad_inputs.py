@@ -73,8 +73,6 @@ CASES = [
     ("decode of non-integer ids", lambda: tokenizer.decode([1.5]), ValueError, "integer token ids"),
     ("encode(None)", lambda: tokenizer.encode(None), TypeError, "encode takes a str, got NoneType"),
     ("encode(bytes)", lambda: tokenizer.encode(b"abc"), TypeError, "decode bytes to str first"),
-    ("KVSpec with no K/V heads", lambda: memory.KVSpec("m", 2, 0, 64, (None, None)), ValueError, "KVSpec.n_kv_head must be an integer >= 1, got 0"),
-    ("KVSpec with a window per layer missing", lambda: memory.KVSpec("m", 2, 1, 64, (None,)), ValueError, "one entry per layer \\(2\\)"),
     ("from_model_config(None)", lambda: memory.from_model_config(None), TypeError, "cfg must be a lib.config.ModelConfig, got NoneType"),
     ("HF config that is a list", lambda: memory.from_hf_config([HF]), TypeError, "config must be a dict or the path of a config.json, got list"),
     ("HF config None", lambda: memory.from_hf_config(None), TypeError, "config must be a dict or the path of a config.json, got NoneType"),
@@ -112,7 +110,7 @@ def test_subnormal_temperature_is_greedy_not_nan():
 
 
 @pytest.mark.parametrize("what, bad", [
-    ("free twice", lambda pool, seq: pool.free(seq)),
+    ("feed a freed sequence", lambda pool, seq: seq.feed([1], lambda t, c: forward_cached(PARAMS, DRAFT, t, c))),
     ("feed a float token", lambda pool, seq: seq.feed([1.5], lambda t, c: forward_cached(PARAMS, DRAFT, t, c))),
     ("feed an out-of-range token", lambda pool, seq: seq.feed([96], lambda t, c: forward_cached(PARAMS, DRAFT, t, c))),
     ("add a float prompt", lambda pool, seq: pool.add("c", [1.0, 2.0])),
@@ -125,7 +123,7 @@ def test_paged_misuse_is_a_clear_error_and_changes_nothing(what, bad):
     b = pool.add("b", [1, 2, 3, 4, 9])
     pool.free(b)
     before = pool_state(pool)
-    seq = b if what == "free twice" else a
+    seq = b if what == "feed a freed sequence" else a
     with pytest.raises(ValueError, match="unknown sequence|integer|outside the vocabulary|already allocated|cannot truncate"):
         bad(pool, seq)
     after = pool_state(pool)

@@ -244,14 +244,6 @@ def checkpoint_names():
     return arg(st.just("draft"), None, 3, "", "a/b")
 
 
-@spec("model.save", contract=anything)
-def _(d):
-    folder = d(arg(st.just(tempfile.mkdtemp()), None, 3))
-    metadata = d(arg(st.just({"note": "fuzz"}), None, "x", ["a"]))
-    return model.save, {"params": d(params()), "cfg": d(cfgs()), "name": d(checkpoint_names()),
-                        "metadata": metadata, "folder": folder}
-
-
 @spec("model.load_metadata", contract=lambda r: isinstance(r, dict))
 def _(d):
     return model.load_metadata, {"name": d(checkpoint_names()), "folder": d(arg(st.just(FOLDER), None, 3, "/nonexistent"))}
@@ -314,26 +306,6 @@ spec("kivi.KiviCache.feed")(lambda d: (kivi.KiviCache.feed, {"self": d(good(st.j
 @spec("kv_scales.kv_maxima")
 def _(d):
     return kv_scales.kv_maxima, {"params": d(params()), "cfg": d(cfgs()), "tokens": d(tokens())}
-
-
-@spec("memory.KVSpec", contract=anything)
-def _(d):
-    n = d(st.integers(1, 4))
-    return memory.KVSpec, {"name": d(arg(st.just("m"), None, 3)), "n_layer": d(arg(st.just(n), 0, 1.5, None)),
-                           "n_kv_head": d(count(1)), "head_dim": d(count(1)),
-                           "windows": d(arg(st.just((None,) * n), lambda: (0,) * n, lambda: [None] * n, (None,) * (n + 1), "x")),
-                           "n_params": d(real(0, 1e12, -1.0)), "source": d(arg(st.just(""), 3)),
-                           "n_head": d(arg(st.just(0), -1, 1.5, None)), "latent": d(count(0)),
-                           "embedding": d(arg(st.just(0.0), -1.0, 2e12, math.nan, "1")),  # 2e12: more than n_params
-                           "experts": d(arg(st.just(0), -1, 1.5, 4)), "active": d(arg(st.just(0), -1, 1.5, 5)),
-                           "expert_params": d(arg(st.just(0.0), -1.0, 2e12, math.inf, None))}
-
-
-@spec("memory.GPU", contract=anything)
-def _(d):
-    return memory.GPU, {"name": d(good(st.just("g"))), "memory": d(real(1, 1e12, 0.0, -1.0)),
-                        "bandwidth": d(real(1, 1e13, 0.0)), "flops": d(real(1, 1e16, 0.0, -1.0)),
-                        "source": d(good(st.just("")))}
 
 
 HF = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64}
@@ -413,19 +385,6 @@ def _(d):
 def _(d):
     pool, _ = pool_with_sequence(d)
     return PagedKVCache.add, {"self": (pool, False), "seq_id": d(arg(st.just("b"), "a", lambda: ["b"])), "prompt": d(tokens())}
-
-
-@spec("paged.PagedKVCache.fork", contract=anything)
-def _(d):
-    pool, seq = pool_with_sequence(d)
-    return PagedKVCache.fork, {"self": (pool, False), "parent": d(arg(st.just(seq), None, "a", lambda: object())),
-                               "child_id": d(arg(st.just("c"), "a", lambda: ["c"]))}
-
-
-@spec("paged.PagedKVCache.free", contract=anything)
-def _(d):
-    pool, seq = pool_with_sequence(d)
-    return PagedKVCache.free, {"self": (pool, False), "seq": d(arg(st.just(seq), None, "a", lambda: object()))}
 
 
 @spec("paged.PagedSequence.feed")

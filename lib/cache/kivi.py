@@ -28,10 +28,19 @@ the full-precision part, so what a read returns never changes.
 import numpy as np
 
 from lib.cache.kv_cache import KVCache, check_max_len
-from lib.checks import check_config, check_count
+from lib.checks import check_config, check_count, check_option
 from lib.config import ModelConfig
 
 BITS = (2, 4)
+
+
+def check_kivi(cfg: ModelConfig, bits, recent, low: int = 1, what: str = " (full-precision tokens, also the key group)") -> int:
+    """KIVI's settings, the one rule for `KiviCache` and `lib.cache.kivi_parts.KiviParts`: 2 or 4 bits,
+    whole bytes of codes along head_dim, and a window of `recent` >= low tokens (returned)."""
+    check_option(bits, "KIVI bits", BITS)
+    if cfg.head_dim * bits % 8:
+        raise ValueError(f"{bits}-bit codes pack {8 // bits} to a byte: head_dim {cfg.head_dim} must be a multiple")
+    return check_count(recent, "recent", low, what)
 
 
 def _pack(codes, bits: int) -> np.ndarray:
@@ -69,11 +78,7 @@ def _dequantize(codes, lo, step) -> np.ndarray:
 class KiviCache:
     def __init__(self, cfg: ModelConfig, max_len: int | None = None, bits: int = 2, recent: int = 32):
         max_len = check_max_len(check_config(cfg), max_len)
-        if bits not in BITS or isinstance(bits, bool):
-            raise ValueError(f"KIVI bits must be one of {BITS}, got {bits!r}")
-        recent = check_count(recent, "recent", what=" (full-precision tokens, also the key group)")
-        if cfg.head_dim % (8 // bits):
-            raise ValueError(f"{bits}-bit codes pack {8 // bits} to a byte: head_dim {cfg.head_dim} must be a multiple")
+        recent = check_kivi(cfg, bits, recent)
         self.cfg, self.max_len, self.bits, self.recent, self.n = cfg, max_len, int(bits), recent, 0
         Hkv, D, L, R = cfg.n_kv_head, cfg.head_dim, self.max_len, self.recent
         groups = -(-L // R)

@@ -22,9 +22,9 @@ counts what the stored form would take: the codes, their float16 ranges and the 
 """
 import numpy as np
 
-from lib.cache.kivi import BITS, _dequantize, _quantize
+from lib.cache.kivi import _dequantize, _quantize, check_kivi
 from lib.cache.kv_cache import KVCache
-from lib.checks import check_count
+from lib.checks import check_option
 from lib.config import ModelConfig
 
 KEYS = ("channel", "token")
@@ -51,18 +51,12 @@ class KiviParts(KVCache):
     def __init__(self, cfg: ModelConfig, max_len: int | None = None, bits: int = 4, keys: str = "channel",
                  zero_point: bool = True, recent: int = 32, recent_dtype: str = "float16"):
         super().__init__(cfg, max_len)
-        if bits not in BITS or isinstance(bits, bool):
-            raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
-        if keys not in KEYS:
-            raise ValueError(f"keys must be quantized per 'channel' or per 'token', got {keys!r}")
+        check_option(keys, "keys (quantized per channel or per token)", KEYS)
         if not isinstance(zero_point, (bool, np.bool_)):
             raise TypeError(f"zero_point must be True or False, got {zero_point!r}")
-        recent = check_count(recent, "recent", low=int(keys == "channel"),
-                             what=" (full-precision tokens; per-channel keys need a group)" if keys == "channel" else "")
-        if recent_dtype not in RECENT_DTYPES:
-            raise ValueError(f"recent_dtype must be one of {', '.join(RECENT_DTYPES)}, got {recent_dtype!r}")
-        if cfg.head_dim * bits % 8:
-            raise ValueError(f"{bits}-bit codes pack {8 // bits} to a byte: head_dim {cfg.head_dim} must be a multiple")
+        recent = check_kivi(cfg, bits, recent, int(keys == "channel"),
+                            " (full-precision tokens; per-channel keys need a group)" if keys == "channel" else "")
+        check_option(recent_dtype, "recent_dtype", RECENT_DTYPES)
         self.bits, self.keys, self.zero_point = int(bits), keys, bool(zero_point)
         self.recent, self.recent_dtype = recent, recent_dtype
 

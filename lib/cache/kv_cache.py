@@ -13,8 +13,8 @@ The constructor and `feed` are the boundary: they check their arguments before a
 import numpy as np
 
 from lib.cache import quant
-from lib.checks import check_config, check_tokens
-from lib.config import ModelConfig, is_int
+from lib.checks import check_config, check_count, check_option, check_tokens
+from lib.config import ModelConfig
 
 DTYPES = tuple(quant.FORMS)  # float32, float16, fp8, int8, int4
 
@@ -24,12 +24,10 @@ def storage(cfg: ModelConfig, dtype, granularity: str, maxima=None):
     numpy dtype), checked with its granularity and, when given, its maxima: the one rule for every
     K/V store (`KVCache`, `lib.cache.paged.PagedKVCache`)."""
     check_config(cfg)
-    name = dtype if isinstance(dtype, str) else getattr(dtype, "__name__", None) or getattr(dtype, "name", None)
-    if name not in DTYPES:
-        raise ValueError(f"KV cache dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    name = getattr(dtype, "__name__", None) or getattr(dtype, "name", dtype)  # np.float16, np.dtype("int8"), "fp8"
+    check_option(name, "KV cache dtype", DTYPES)
+    check_option(granularity, "granularity", quant.GRANULARITIES)  # also for float dtypes
     form = quant.FORMS[name]
-    if not isinstance(granularity, str) or granularity not in quant.GRANULARITIES:  # also for float dtypes
-        raise ValueError(f"granularity must be one of {', '.join(quant.GRANULARITIES)}, got {granularity!r}")
     if cfg.head_dim % form.pack:
         raise ValueError(f"{name} packs {form.pack} codes per byte: head_dim {cfg.head_dim} must be a multiple of {form.pack}")
     if maxima is not None:  # checked even where it goes unused (a float cache, position scales)
@@ -59,11 +57,7 @@ def fixed_scales(form: quant.Form, granularity: str, maxima):
 
 def check_max_len(cfg: ModelConfig, max_len) -> int:
     """Positions a cache holds: 1..block_size, or None for block_size."""
-    if max_len is None:
-        return cfg.block_size
-    if not is_int(max_len) or not 1 <= max_len <= cfg.block_size:
-        raise ValueError(f"max_len must be an integer in 1..{cfg.block_size} (block_size), got {max_len!r}")
-    return int(max_len)
+    return cfg.block_size if max_len is None else check_count(max_len, "max_len", high=cfg.block_size)
 
 
 def check_step_function(step) -> None:

@@ -89,35 +89,24 @@ class PagedKVCache:
 
     def add(self, seq_id, prompt) -> "PagedSequence":
         """Allocate a sequence for a prompt; its `n` says how many prompt positions are already cached."""
-        self._check_new_id(seq_id, "seq_id")
+        if not isinstance(seq_id, Hashable):
+            raise TypeError(f"seq_id must be hashable (a str or an int names a sequence), got {type(seq_id).__name__}")
+        if seq_id in self.manager.tables:
+            raise ValueError(f"sequence {seq_id!r} is already allocated")
         self.manager.allocate(seq_id, check_tokens(prompt, self.cfg))
         self._apply_copies()
         return PagedSequence(self, seq_id)
 
     def fork(self, parent: "PagedSequence", child_id) -> "PagedSequence":
-        check_live(parent, "parent", self)
-        self._check_new_id(child_id, "child_id")
+        """A child of a live sequence of this pool, under a new id, sharing its written blocks
+        (parallel sampling, beam search). Like `free`, a verb of the code that manages the pool,
+        behind the boundary: it trusts its arguments, as the block manager's verbs do."""
         self.manager.fork(parent.seq_id, child_id)
         return PagedSequence(self, child_id)
 
     def free(self, seq: "PagedSequence") -> None:
-        """Drop a sequence and release its blocks."""
-        check_live(seq, "seq", self)
+        """Drop a live sequence of this pool and release its blocks (the scheduler's verb)."""
         self.manager.deallocate(seq.seq_id)
-
-    def _check_new_id(self, seq_id, name) -> None:
-        if not isinstance(seq_id, Hashable):
-            raise TypeError(f"{name} must be hashable (a str or an int names a sequence), got {type(seq_id).__name__}")
-        if seq_id in self.manager.tables:
-            raise ValueError(f"sequence {seq_id!r} is already allocated")
-
-
-def check_live(seq, name: str, pool: PagedKVCache | None = None) -> None:
-    """A sequence from `add` or `fork` (of `pool`, if given) that is not freed."""
-    if not isinstance(seq, PagedSequence) or pool not in (None, seq.pool):
-        raise TypeError(f"{name} must be a paged sequence from add or fork{' of this pool' if pool else ''}, got {type(seq).__name__}")
-    if seq.seq_id not in seq.pool.manager.tables:
-        raise ValueError(f"unknown sequence {seq.seq_id!r}: never allocated, or already freed")
 
 
 def check_feed(seqs, new_tokens) -> list:
@@ -129,7 +118,10 @@ def check_feed(seqs, new_tokens) -> list:
     if len(new_tokens) != len(seqs) or not seqs:
         raise ValueError(f"a batch needs one token list per sequence: got {len(new_tokens)} and {len(seqs)}")
     for seq in seqs:
-        check_live(seq, "seqs")
+        if not isinstance(seq, PagedSequence):
+            raise TypeError(f"each of seqs must be a paged sequence from add or fork, got {type(seq).__name__}")
+        if seq.seq_id not in seq.pool.manager.tables:
+            raise ValueError(f"unknown sequence {seq.seq_id!r}: never allocated, or already freed")
     if len({(id(s.pool), s.seq_id) for s in seqs}) != len(seqs):
         raise ValueError("the same sequence appears twice in one batch")
     tokens = [check_tokens(t, s.cfg, s.n) for s, t in zip(seqs, new_tokens)]

@@ -32,6 +32,8 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "int8": 1, "
 
 @dataclass(frozen=True)
 class KVSpec:
+    """What the formula reads of a model: a record that `from_hf_config` and `from_model_config`
+    fill in from what they checked, so it trusts its fields."""
     name: str
     n_layer: int
     n_kv_head: int
@@ -45,27 +47,6 @@ class KVSpec:
     experts: int = 0  # mixture of experts: routed experts per MoE layer; 0: a dense model
     active: int = 0  # routed experts each token goes to
     expert_params: float = 0.0  # parameters of all routed experts of all layers (part of n_params)
-
-    def __post_init__(self):
-        """A spec that could report zero or negative bytes is refused: every count at least 1."""
-        for name in ("name", "source"):
-            if not isinstance(getattr(self, name), str):
-                raise TypeError(f"KVSpec.{name} must be a str, got {type(getattr(self, name)).__name__}")
-        for name, low in dict(n_layer=1, n_kv_head=1, head_dim=1, n_head=0, latent=0, experts=0, active=0).items():
-            check_count(getattr(self, name), f"KVSpec.{name}", low)
-        if self.n_head and self.n_head % self.n_kv_head:
-            raise ValueError(f"KVSpec.n_head={self.n_head} is not a multiple of n_kv_head={self.n_kv_head}")
-        if not (isinstance(self.windows, tuple) and len(self.windows) == self.n_layer
-                and all(w is None or (is_int(w) and w >= 1) for w in self.windows)):
-            raise ValueError(f"KVSpec.windows must be a tuple of one entry per layer ({self.n_layer}): None for full "
-                             f"attention or a sliding window >= 1, got {self.windows!r:.80}")
-        for name in ("n_params", "embedding", "expert_params"):
-            if not is_number(getattr(self, name)) or not 0 <= getattr(self, name) < float("inf"):
-                raise ValueError(f"KVSpec.{name} must be a finite number >= 0, got {getattr(self, name)!r}")
-        if self.embedding + self.expert_params > self.n_params:
-            raise ValueError(f"KVSpec.embedding + expert_params must not exceed n_params ({self.n_params:.4g}), their whole")
-        if (self.experts == 0) != (self.active == 0) or self.active > self.experts:
-            raise ValueError(f"KVSpec.experts={self.experts}, active={self.active}: give both (active <= experts) or neither")
 
     def positions(self, tokens: int) -> list:
         """Cached positions per layer for a sequence of `tokens`."""
@@ -129,18 +110,13 @@ def expected_experts(experts: int, active: int, tokens: int) -> float:
 
 @dataclass(frozen=True)
 class GPU:
-    """A GPU's data-sheet constants: the book's one record of each GPU it prices."""
+    """A GPU's data-sheet constants: the book's one record of each GPU it prices (`H100`), copied
+    from the data sheet, so unchecked."""
     name: str
     memory: float  # bytes, as the driver reports them
     bandwidth: float  # bytes per second from that memory
     flops: float  # dense bf16 FLOP/s
     source: str = ""
-
-    def __post_init__(self):
-        for name in ("memory", "bandwidth", "flops"):
-            value = getattr(self, name)
-            if not (is_number(value) and 0 < value < float("inf")):
-                raise ValueError(f"GPU.{name} must be a finite number > 0, got {value!r}")
 
 
 # NVIDIA's H100 SXM data sheet: "80 GB" of HBM3 at 3.35 TB/s, 989 TFLOP/s dense bf16; the driver
@@ -212,6 +188,8 @@ def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = 
     except KeyError as err:
         raise ValueError(f"config.json lacks {err.args[0]!r}, needed for the KV cache size") from None
     kv_heads = heads if config.get("num_key_value_heads") is None else _count(config, "num_key_value_heads")
+    if heads % kv_heads:
+        raise ValueError(f"n_head={heads} is not a multiple of n_kv_head={kv_heads} (num_attention_heads, num_key_value_heads)")
     latent = 0
     if config.get("kv_lora_rank") is not None:
         latent = _count(config, "kv_lora_rank") + _count(config, "qk_rope_head_dim")
@@ -237,8 +215,14 @@ def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = 
         windows = (window,) * layers
     else:
         windows = (None,) * layers
+    name = config.get("model_type", "model") if name == "" else name
+    for value, label in ((name, "name"), (source, "source")):
+        if not isinstance(value, str):
+            raise TypeError(f"{label} must be a str, got {type(value).__name__}")
     weights = _weight_parts(config, layers, hidden) if n_params else {}
-    name = config.get("model_type", "model") if name == "" else name  # KVSpec refuses a name that is not a str
+    least = weights.get("embedding", 0) + weights.get("expert_params", 0)  # parts of n_params
+    if not (is_number(n_params) and least <= n_params < float("inf")):
+        raise ValueError(f"n_params must be a finite number >= {least:.4g} (its embedding + expert_params), got {n_params!r}")
     return KVSpec(name, layers, kv_heads, head_dim, windows, n_params, source, heads, latent, **weights)
 
 
@@ -251,14 +235,17 @@ def _weight_parts(config: dict, layers: int, hidden: int) -> dict:
     if key:
         size = next(k for k in ("moe_intermediate_size", "intermediate_size") if config.get(k) is not None)
         dense = config.get("first_k_dense_replace") or 0
-        if not is_int(dense) or not 0 <= dense < layers:
-            raise ValueError(f"config.json's first_k_dense_replace must be an integer in 0..{layers - 1}, got {dense!r}")
-        parts.update(experts=_count(config, key), active=_count(config, "num_experts_per_tok"),
-                     expert_params=(layers - dense) * _count(config, key) * 3 * hidden * _count(config, size))
+        check_count(dense, "config.json's first_k_dense_replace", 0, high=layers - 1)
+        experts, active = _count(config, key), _count(config, "num_experts_per_tok")
+        if active > experts:
+            raise ValueError(f"config.json's num_experts_per_tok={active} is more than its {experts} routed experts")
+        parts.update(experts=experts, active=active, expert_params=(layers - dense) * experts * 3 * hidden * _count(config, size))
     return parts
 
 
 def from_model_config(cfg: ModelConfig, name: str = "this book's target") -> KVSpec:
+    """The book's model read as the config.json that would describe it (untied head, full attention)."""
     check_config(cfg)
-    return KVSpec(name, cfg.n_layer, cfg.n_kv_head, cfg.head_dim, (None,) * cfg.n_layer, cfg.n_params(),
-                  n_head=cfg.n_head)
+    fields = {"num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_kv_head,
+              "hidden_size": cfg.n_embd}
+    return from_hf_config(fields, name, cfg.n_params())
