@@ -13,21 +13,24 @@ matplotlib.use("Agg")
 matplotlib.rcParams["svg.hashsalt"] = "decode_step"  # fixed clip-path ids: the same file every run
 import matplotlib.pyplot as plt  # noqa: E402
 
+from lib.gpu.memory import H100  # noqa: E402
+
 OUT = Path(__file__).resolve().parents[1] / "book" / "figures" / "decode_step.svg"
 WIDTH = 7.0  # inches: the book's column at 1280 px shows it at about its own size
 LINE = 0.19  # inches per line of 9.5-point text
 FIX_CHARS = 44  # characters per line of a technique beside its box
 PANEL = 2.9  # inches: the memory panel
 SMALL, BODY, NAME, TITLE = 9.5, 10.5, 12, 13  # points
+RIDGE = round(H100.flops / H100.bandwidth, -2)  # FLOP per byte: a bf16 batch of B does B, so the batch it turns at
 COSTS = [  # (cost, what sets it, colour, techniques acting on it with their chapters)
     ("per-call overhead", "calls x the cost of a call\n(numpy calls; kernel launches)", "#e8e8e8",
      ["fewer, fused calls: the lean path (12)", "CUDA graphs on a GPU: one launch a step (12)"]),
-    ("weights' bytes", "every weight, read once per step,\nshared by every row of the step", "#cfe0f3",
+    ("weights' bytes", "every weight, read once per step,\nshared by every token in the step", "#cfe0f3",
      ["batching: more sequences per read (8)", "speculative decoding: more tokens per read (9, 10)",
       "prefill in one call: one read of the weights for all prompt tokens (2)"]),
     ("K/V bytes", "each sequence's cache at its\ncontext, read at every step", "#fbe3c8",
      ["fewer K/V heads: GQA, MQA (5)", "fewer bits per value: KV quantization (7)"]),
-    ("FLOPs", "2 per weight per row, plus attention;\nnearly free on a GPU below the ridge", "#dcefd9",
+    ("FLOPs", f"2 per weight per token, plus attention;\nnearly free on a GPU below batch ~{RIDGE:.0f}", "#dcefd9",
      ["the KV cache: the past is not recomputed (3)", "chunked prefill: a prompt's FLOPs spread over steps (8)"]),
 ]
 CAPACITY = ["the KV memory formula on real models (4)", "paged blocks: no reserved waste (6)",
