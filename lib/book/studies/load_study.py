@@ -1,6 +1,6 @@
-"""The serving chapter's study: the ladder of policies over arrival rates on two clocks (the CPU
-stand-in's fitted clock and the H100's data-sheet clock), 1,000 requests per rate and several
-seeds through `lib.serve.replay` (each request decoded once by the trained model), and
+"""The serving chapter's study: the ladder of policies over arrival rates on the CPU stand-in's fitted
+clock, 1,000 requests per rate and several seeds through `lib.serve.replay` (each request decoded
+once by the trained model; the H100 clock's ladder is `lib.book.studies.long_ladder`), and
 speculative decoding inside the batch below saturation, with the crossover its queueing model
 predicts (`lib.measure.clocks.crossover_rate`). Every served token is checked against decoding
 the request alone, and every pool against leaked blocks.
