@@ -3,7 +3,7 @@ fitted H100 clock against published measurements (lib.gpu.published), each withi
 import pytest
 
 from lib.gpu.memory import GPU, H100, UTILIZATION, from_hf_config, kv_budget
-from lib.gpu.models import LLAMA_3_8B
+from lib.gpu.models import LLAMA_3_8B, REAL_MODELS
 from lib.gpu.published import PUBLISHED, TORCHAO
 from lib.gpu.step import FLOPS_SHARE, STEP_OVERHEAD, TILE, GPUClock, gpu_clock, memory_bound_rows, validation
 
@@ -79,3 +79,15 @@ def test_the_clock_within_its_band_of_each_published_measurement(record):
                                          f"{record.value} {record.unit} ({row['ratio']:.2f}, band {low}..{high}): "
                                          f"{record.why}")
     assert record.url.startswith("https://") and record.figure and record.setup
+
+
+@pytest.mark.parametrize("spec", [LLAMA_3_8B] + [m for m in REAL_MODELS if any(m.windows)][:1], ids=lambda s: s.name)
+def test_a_serving_step_reads_each_rows_own_cache(spec):
+    """The serving clock's step (rows: key, new tokens, cached positions) reads each sequence's K/V up
+    to its last new token, capped by any sliding window, and scores each new token against the
+    positions up to it."""
+    clock = gpu_clock(spec)
+    rows = [(0, 1, 100), (1, 5, 7000), (2, 300, 0)]
+    kv = sum(spec.kv_bytes(start + n) for _, n, start in rows)
+    pairs = sum(n * start + n * (n + 1) / 2 for _, n, start in rows)
+    assert clock(rows) == pytest.approx(clock.breakdown(306, kv, pairs)["seconds"])

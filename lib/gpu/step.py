@@ -102,7 +102,10 @@ class GPUClock:
 
     def __call__(self, rows) -> float:
         """Seconds of a serving step: each row (key, new tokens, cached positions before them)."""
-        kv = sum(self.spec.kv_bytes(start + n, 1, self.dtype) for _, n, start in rows)
+        if any(self.spec.windows):  # sliding windows: each sequence's cache is capped on its own
+            kv = sum(self.spec.kv_bytes(start + n, 1, self.dtype) for _, n, start in rows)
+        else:  # full attention: bytes per position times every row's positions
+            kv = self.spec.kv_bytes(1, 1, self.dtype) * sum(start + n for _, n, start in rows)
         pairs = sum(n * start + n * (n + 1) / 2 for _, n, start in rows)
         return self.breakdown(sum(n for _, n, _ in rows), kv, pairs)["seconds"]
 

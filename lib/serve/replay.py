@@ -45,6 +45,18 @@ def completions(model, trace, temperature: float = 0.0, batch: int = 256) -> dic
     return out
 
 
+def write(seq, new) -> None:
+    """The block manager's side of feeding `new` tokens to a ledger sequence: their slots, then their
+    blocks marked written (no K/V to compute or copy)."""
+    manager, end = seq.pool.manager, seq.n + len(new)
+    planned = manager.tokens[seq.seq_id]
+    if len(planned) == seq.n:  # a decode token past the plan: extend it, as reserve would, without copying it
+        planned.extend(int(x) for x in new)
+    manager.reserve(seq.seq_id, new)
+    manager.copies.clear()
+    manager.commit(seq.seq_id, end)
+
+
 class LedgerPool:
     """What the scheduler needs of a `PagedKVCache`: its block manager, without K/V arrays."""
 
@@ -98,12 +110,10 @@ class Replay:
     def feed(self, seqs, new_tokens) -> list:
         out = []
         for seq, new in zip(seqs, new_tokens):
-            manager, start, known = seq.pool.manager, seq.n, self.known[seq.seq_id]
+            start, known = seq.n, self.known[seq.seq_id]
             end = start + len(new)
             if known[start:end].tolist() != [int(x) for x in new]:
                 raise ValueError(f"sequence {seq.seq_id}: fed tokens differ from the record at position {start}")
-            manager.reserve(seq.seq_id, new)
-            manager.copies.clear()
-            manager.commit(seq.seq_id, end)
+            write(seq, new)
             out.append(self.rows[self.after[seq.seq_id][start:end]])  # (T, V): row i predicts position start + i + 1
         return out

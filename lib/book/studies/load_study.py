@@ -1,6 +1,6 @@
-"""The serving chapter's study: the ladder of policies over arrival rates on two clocks (the CPU
-stand-in's fitted clock and the H100's data-sheet clock), 1,000 requests per rate and several
-seeds through `lib.serve.replay` (each request decoded once by the trained model), and
+"""The serving chapter's study: the ladder of policies over arrival rates on the CPU stand-in's fitted
+clock, 1,000 requests per rate and several seeds through `lib.serve.replay` (each request decoded
+once by the trained model; the H100 clock's ladder is `lib.book.studies.long_ladder`), and
 speculative decoding inside the batch below saturation, with the crossover its queueing model
 predicts (`lib.measure.clocks.crossover_rate`). Every served token is checked against decoding
 the request alone, and every pool against leaked blocks.
@@ -16,6 +16,7 @@ from lib.fast.lean import LeanModel
 from lib.gpu.step import gpu_clock
 from lib.measure.clocks import crossing, crossover_rate
 from lib.measure.counting import batched_call, cached_call
+from lib.book.studies.long_ladder import LONG_RATE, LONG_SLO, LONG_TRACE, long_runs, vllm_ladder
 from lib.book.studies.sweep import acceptance_on_text
 from lib.serve import LADDER, make_trace, serve
 from lib.serve.replay import Replay, completions
@@ -90,24 +91,13 @@ def across_seeds(reports, f) -> tuple:
     return float(np.median(values)), float(min(values)), float(max(values))
 
 
-def gpu_ladder(target, n: int = 300, fraction: float = 0.7, out=print) -> dict:
-    """The ladder's goodput per rung on the H100 clock (`lib.measure.clocks.gpu_clock`), one seed of
-    n requests at `fraction` of what a batch of 32 serves, replayed: {rung: goodput, requests/s}."""
-    clock = gpu_clock()
-    lean = LeanModel(*target)
-    trace = dict(LOAD_TRACE, n=n, system=load_corpus().held_out[2000:2032])
-    replay = replays(lean, trace, (0,))[0]
-    requests = make_trace(**{**trace, "rate": 1.0})
-    mean_new = float(np.mean([r.n_new for r in requests]))
-    context = int(np.mean([len(r.prompt) + r.n_new / 2 for r in requests]))
-    rate = load_rates(clock, mean_new, (fraction,), clock.decode_step(32, context))[0]
-    t1 = clock.decode_step(1, context)
-    slo = {name: steps * t1 for name, steps in SLO_STEPS.items()}
-    requests = make_trace(**{**trace, "rate": rate})
-    good = {name: serve(replay, requests, clock.blocks(), policy, clock=clock, max_tokens=trace["n_new"][1],
-                        batch_wait=4 * t1).goodput(**slo) for name, policy in LADDER.items()}
-    out(f"H100 clock (Llama-3-8B, {clock.efficiency:.2f} of the data-sheet bandwidth), {n} requests at {rate} "
-        f"requests/s: goodput " + ", ".join(f"{k} {v:.0f}" for k, v in good.items()))
+def gpu_ladder(target=None, out=print) -> dict:
+    """The ladder's goodput per rung on the H100 clock where memory binds (`lib.book.studies.long_ladder`),
+    seed 0: {rung: requests/s within the targets}. `target` is not used: those requests are lengths."""
+    runs = long_runs(gpu_clock(), vllm_ladder(), seeds=(0,))
+    good = {name: reps[0].goodput(**LONG_SLO) for name, reps in runs.items()}
+    out(f"H100 clock (Llama-3-8B), {LONG_TRACE['n']} long requests at {LONG_RATE} requests/s, vLLM's caps: goodput "
+        + ", ".join(f"{k} {v:.2f}" for k, v in good.items()))
     return good
 
 
