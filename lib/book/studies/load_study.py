@@ -91,9 +91,9 @@ def across_seeds(reports, f) -> tuple:
     return float(np.median(values)), float(min(values)), float(max(values))
 
 
-def gpu_ladder(target=None, out=print) -> dict:
+def gpu_ladder(out=print) -> dict:
     """The ladder's goodput per rung on the H100 clock where memory binds (`lib.book.studies.long_ladder`),
-    seed 0: {rung: requests/s within the targets}. `target` is not used: those requests are lengths."""
+    seed 0: {rung: requests/s within the targets}."""
     runs = long_runs(gpu_clock(), vllm_ladder(), seeds=(0,))
     good = {name: reps[0].goodput(**LONG_SLO) for name, reps in runs.items()}
     out(f"H100 clock (Llama-3-8B), {LONG_TRACE['n']} long requests at {LONG_RATE} requests/s, vLLM's caps: goodput "
