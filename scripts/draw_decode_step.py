@@ -28,15 +28,17 @@ COSTS = [  # (cost, what sets it, colour, techniques acting on it with their cha
     ("weights' bytes", "every weight, read once per step,\nshared by every token in the step", "#cfe0f3",
      ["batching: more sequences per read (8)", "speculative decoding: more tokens per read (9, 10)",
       "prefill in one call: one read of the weights for all prompt tokens (2)"]),
-    ("K/V bytes", "each sequence's cache at its\ncontext, read at every step", "#fbe3c8",
+    ("K/V bytes", "each sequence's cache at its\ncurrent length, read at every step", "#fbe3c8",
      ["fewer K/V heads: GQA, MQA (5)", "fewer bits per value: KV quantization (7)"]),
-    ("FLOPs", f"2 per weight per token, plus attention;\nnearly free on a GPU below batch ~{RIDGE:.0f}", "#dcefd9",
-     ["the KV cache: the past is not recomputed (3)", "chunked prefill: a prompt's FLOPs spread over steps (8)"]),
+    ("FLOPs", f"2 per weight per token, plus attention;\nnearly free on a GPU below a batch of\n~{RIDGE:.0f}, the H100's ridge (regimes page)",
+     "#dcefd9", ["the KV cache: the past is not recomputed (3)",
+                 "prefix caching: a shared prompt is computed once (3, 8)",
+                 "chunked prefill: a prompt's FLOPs spread over steps (8)"]),
 ]
 CAPACITY = ["the KV memory formula on real models (4)", "paged blocks: no reserved waste (6)",
-            "prefix sharing: one copy of a shared prompt (3, 6)", "GQA and quantization: more positions per byte (5, 7)"]
-SCHEDULER = ("the scheduler around the step: continuous batching, a token budget, chunked prefill, "
-             "preemption (8); which lever for which symptom (11)")
+            "prefix caching: one copy of a shared prompt (3, 6, 8)", "GQA and quantization: more positions per byte (5, 7)"]
+SCHEDULER = ("dashed frame: the scheduler, which picks each step's sequences: continuous batching, "
+             "a token budget, chunked prefill, preemption (8); which lever for which symptom (11)")
 
 
 def wrap(text: str, width: int) -> str:
@@ -104,7 +106,7 @@ def draw():
     ax.set_xlim(0, WIDTH)
     ax.set_ylim(0, total)
     ax.add_patch(plt.Rectangle((0.08, 0.08), WIDTH - 0.16, total - 0.16, facecolor="#fafafa", edgecolor="0.55", ls="--"))
-    ax.text(0.2, total - 0.2, wrap(SCHEDULER, 80), fontsize=SMALL, color="0.25", va="top")
+    ax.text(0.2, total - 0.2, wrap(SCHEDULER, 92), fontsize=SMALL, color="0.25", va="top", style="italic")
     ax.text(0.3, total - 0.78, "one decode step: one new token for each sequence", fontsize=TITLE, weight="bold", va="top")
     ax.text(0.3, total - 1.15, "simplified: time ≈ calls x overhead\n"
             "                   + max(bytes / bandwidth, FLOPs / peak FLOP/s)", fontsize=BODY, color="0.25", va="top")
