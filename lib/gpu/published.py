@@ -30,7 +30,7 @@ class Published:
 
 TORCHAO = Published(
     "torchao, batch 1", "torchao quantization README, 'CUDA backend | NVIDIA-H100 GPU' table, Base (bfloat16)",
-    "https://github.com/pytorch/ao/blob/main/torchao/quantization/README.md", "2024-10",
+    "https://github.com/pytorch/ao/blob/886ac8e90e14592b2afc3a8fc62af9a71996954a/torchao/quantization/README.md", "2024-10",
     "one H100, Llama-3.1-8B, bfloat16, torch.compile (gpt-fast's generate.py), batch 1, 200 new tokens after a short prompt",
     "126.90 tokens/s (1904.75 GB/s, peak memory 16.75 GB)", 126.90, "tokens/s",
     (0.99, 1.01), "the clock's bandwidth share is fitted to it: it agrees by construction",
