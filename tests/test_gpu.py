@@ -1,11 +1,23 @@
 """The book's one GPU step formula (lib.gpu.step): its terms as its docstring states them, and the
 fitted H100 clock against published measurements (lib.gpu.published), each within its stated band."""
+from dataclasses import replace
+
 import pytest
 
 from lib.gpu.memory import GPU, H100, UTILIZATION, from_hf_config, kv_budget
 from lib.gpu.models import LLAMA_3_8B, REAL_MODELS
-from lib.gpu.published import PUBLISHED, TORCHAO
-from lib.gpu.step import FLOPS_SHARE, STEP_OVERHEAD, TILE, GPUClock, gpu_clock, memory_bound_rows, validation
+from lib.gpu.published import PUBLISHED, TORCHAO, VLLM_PREFILL
+from lib.gpu.step import (
+    FLOPS_SHARE,
+    STEP_OVERHEAD,
+    TILE,
+    GPUClock,
+    gpu_clock,
+    implied_flops_share,
+    memory_bound_rows,
+    predict,
+    validation,
+)
 
 SHEET = GPUClock(LLAMA_3_8B, H100)  # the data sheet: full bandwidth and FLOP/s, no overhead, no tiles
 WEIGHTS = LLAMA_3_8B.weight_bytes(batch=1)  # 15.01 GB: all but the gathered embedding rows
@@ -34,6 +46,16 @@ def test_tiles_make_a_few_rows_cost_a_whole_tile():
     assert slow.breakdown(1, 0.0, 0.0)["flops"] == pytest.approx(WEIGHTS)  # MFU counts the FLOPs the step needs
 
 
+def test_a_prompt_pays_the_output_head_for_its_last_token_only():
+    head = 128256 * 4096  # Llama-3-8B's untied head: the input embedding's shape
+    assert SHEET.head_params == head
+    body = WEIGHTS / 2 - head
+    prefill = SHEET.prefill_breakdown(4096, batch=2)
+    assert prefill["flops"] == pytest.approx(2 * (body * 2 * 4096 + head * 2) + SHEET.flops_per_pair * 2 * 4096 * 4097 / 2)
+    decode = SHEET.decode_breakdown(8, 100)  # every decode token needs its logits
+    assert decode["flops"] == pytest.approx(2 * (WEIGHTS / 2) * 8 + SHEET.flops_per_pair * 8 * 100)
+
+
 def test_mbu_and_mfu_are_the_needed_bytes_and_flops_over_the_data_sheet():
     clock = gpu_clock()
     step = clock.decode_breakdown(8, 2048)
@@ -52,7 +74,8 @@ def test_the_fitted_clock():
     assert clock([(i, 1, 99) for i in range(4)]) == pytest.approx(clock.decode_step(4, 100))
     assert clock([(i, 5, 95) for i in range(4)]) == pytest.approx(clock.decode_step(4, 100, new=5))  # a verification
     assert clock([(0, 2000, 0)]) > 2 * clock.decode_step(1, 200)  # a long prompt is compute-bound
-    assert clock.prefill_seconds(2000) == pytest.approx(clock([(0, 2000, 0)]))
+    assert clock.prefill_seconds(2000) == pytest.approx(clock([(0, 2000, 0, 1)]))  # logits for its last token
+    assert clock.prefill_seconds(2000) < clock([(0, 2000, 0)])  # a row without the field: every token's logits
     assert clock.blocks() == int(kv_budget(H100, LLAMA_3_8B.weight_bytes(), UTILIZATION) // (16 * 131072))
 
 
@@ -91,3 +114,9 @@ def test_a_serving_step_reads_each_rows_own_cache(spec):
     kv = sum(spec.kv_bytes(start + n) for _, n, start in rows)
     pairs = sum(n * start + n * (n + 1) / 2 for _, n, start in rows)
     assert clock(rows) == pytest.approx(clock.breakdown(306, kv, pairs)["seconds"])
+
+
+def test_the_flop_share_a_throughput_run_implies_meets_it():
+    f = implied_flops_share(VLLM_PREFILL)
+    assert 0.3 < f < 1.0
+    assert predict(VLLM_PREFILL, replace(gpu_clock(), flops_share=f)) == pytest.approx(VLLM_PREFILL.value, rel=1e-6)

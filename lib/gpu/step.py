@@ -10,7 +10,10 @@ inference chapter, Austin et al. 2025, adds the two):
             + max(K/V bytes / (b x bandwidth), attention FLOPs / (f x FLOP/s))
 
 N is the parameters a token's products use; the weights are read once for all T rows (Pope et al.
-2022); tensor cores compute whole tiles of rows, so a few rows cost a tile (Hopper's wgmma takes
+2022); of a prompt, only the last token needs logits, so the output head (vocabulary x hidden, the
+size of an untied model's input embedding) multiplies one row per prompt, not T (vLLM computes a
+prompt's logits at its last position; a tied model's head is not recorded apart and is charged on
+every row); tensor cores compute whole tiles of rows, so a few rows cost a tile (Hopper's wgmma takes
 64 rows per warpgroup); attention scores each new token against every cached position before it
 (4 x layers x heads x head dim FLOPs per pair), and reads each sequence's K/V once. b and f are
 the shares of the data sheet's bandwidth and FLOP/s that real kernels achieve. Named after what
@@ -24,7 +27,7 @@ batch-1 measurement; f and the tile are stated below, and `lib.gpu.published` ho
 measurements the fitted clock is checked against (`validation`).
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from lib.gpu.memory import GPU, H100, UTILIZATION, KVSpec, dtype_bytes, kv_budget
@@ -32,8 +35,9 @@ from lib.gpu.models import LLAMA_3_8B
 from lib.gpu.published import PUBLISHED, TORCHAO
 
 STEP_OVERHEAD = 0.5e-3  # seconds per step beyond bytes and FLOPs (scheduling, sampling, launches): stated, not measured
-FLOPS_SHARE = 0.6  # share of the dense bf16 peak that a step's products reach (MFU of large GEMMs): stated; the
-# torchao/vLLM prefill in lib.gpu.published implies about 0.56 for a whole 4,096-token prefill
+FLOPS_SHARE = 0.6  # share of the dense bf16 peak that a step's products reach (MFU of large GEMMs): stated with
+# the one published prefill in view (VLLM_PREFILL in lib.gpu.published), so that check is not independent of it;
+# `implied_flops_share` gives the share that record alone implies
 TILE = 64  # rows a tensor-core product computes at once: Hopper's wgmma instructions take M = 64 per warpgroup
 
 
@@ -58,6 +62,16 @@ class GPUClock:
         return self.spec.weight_bytes(self.dtype, batch=1) / dtype_bytes(self.dtype)
 
     @cached_property
+    def head_params(self) -> float:
+        """Parameters of the output head, which only a token that needs logits multiplies: an untied
+        model's is its input embedding's shape; a tied model's is not recorded apart (0: every row pays it)."""
+        return self.spec.embedding
+
+    def product_flops(self, tokens: float, logits: float) -> float:
+        """FLOPs of the weight products for `tokens` rows, of which `logits` go through the output head."""
+        return 2 * ((self.params_per_token - self.head_params) * tokens + self.head_params * logits)
+
+    @cached_property
     def flops_per_pair(self) -> int:
         """Attention FLOPs per (new token, cached position) pair: q.k and the weighted v, per layer and head."""
         return 4 * self.spec.n_layer * (self.spec.n_head or self.spec.n_kv_head) * self.spec.head_dim
@@ -69,13 +83,16 @@ class GPUClock:
         attention = max(kv_bytes / read, attention_flops / compute)
         return self.overhead + products + attention
 
-    def breakdown(self, tokens: int, kv_bytes: float, pairs: float) -> dict:
+    def breakdown(self, tokens: int, kv_bytes: float, pairs: float, logits: int = None) -> dict:
         """A step of `tokens` new tokens whose attention reads `kv_bytes` of K/V and scores `pairs`
-        (token, position) pairs: its seconds and their two terms, what it reads and computes, its MBU
-        and MFU, and which roof bounds its weight products."""
+        (token, position) pairs, `logits` of them (default: all) through the output head: its seconds
+        and their two terms, what it reads and computes, its MBU and MFU, and which roof bounds its
+        weight products."""
+        logits = tokens if logits is None else logits
         weights = self.spec.weight_bytes(self.dtype, batch=tokens)
-        flops, attention_flops = 2 * self.params_per_token * tokens, self.flops_per_pair * pairs
-        charged = 2 * self.params_per_token * math.ceil(tokens / self.tile) * self.tile  # whole tiles of rows
+        flops, attention_flops = self.product_flops(tokens, logits), self.flops_per_pair * pairs
+        tiles = lambda rows: math.ceil(rows / self.tile) * self.tile
+        charged = self.product_flops(tiles(tokens), tiles(logits))  # whole tiles of rows
         seconds = self.seconds(weights, charged, kv_bytes, attention_flops)
         read, compute = self.bandwidth_share * self.gpu.bandwidth, self.flops_share * self.gpu.flops
         products, attention = max(weights / read, charged / compute), max(kv_bytes / read, attention_flops / compute)
@@ -96,18 +113,26 @@ class GPUClock:
         return self.decode_breakdown(batch, context, new)["seconds"]
 
     def prefill_seconds(self, tokens: int, batch: int = 1) -> float:
-        """Seconds of one step that computes `batch` prompts of `tokens` tokens each, from an empty cache."""
+        """Seconds of one step that computes `batch` prompts of `tokens` tokens each, from an empty cache:
+        logits for each prompt's last token only."""
+        return self.prefill_breakdown(tokens, batch)["seconds"]
+
+    def prefill_breakdown(self, tokens: int, batch: int = 1) -> dict:
+        """The breakdown of one step that computes `batch` prompts of `tokens` tokens each, from an empty cache."""
         kv = self.spec.kv_bytes(tokens, batch, self.dtype)
-        return self.breakdown(batch * tokens, kv, batch * tokens * (tokens + 1) / 2)["seconds"]
+        return self.breakdown(batch * tokens, kv, batch * tokens * (tokens + 1) / 2, logits=batch)
 
     def __call__(self, rows) -> float:
-        """Seconds of a serving step: each row (key, new tokens, cached positions before them)."""
+        """Seconds of a serving step: each row (key, new tokens, cached positions before them[, tokens
+        that need logits]); without the fourth field every new token does (a decode step, a verification;
+        a prompt chunk needs at most its last)."""
+        rows = [(*row, row[1]) if len(row) == 3 else tuple(row) for row in rows]
         if any(self.spec.windows):  # sliding windows: each sequence's cache is capped on its own
-            kv = sum(self.spec.kv_bytes(start + n, 1, self.dtype) for _, n, start in rows)
+            kv = sum(self.spec.kv_bytes(start + n, 1, self.dtype) for _, n, start, _ in rows)
         else:  # full attention: bytes per position times every row's positions
-            kv = self.spec.kv_bytes(1, 1, self.dtype) * sum(start + n for _, n, start in rows)
-        pairs = sum(n * start + n * (n + 1) / 2 for _, n, start in rows)
-        return self.breakdown(sum(n for _, n, _ in rows), kv, pairs)["seconds"]
+            kv = self.spec.kv_bytes(1, 1, self.dtype) * sum(start + n for _, n, start, _ in rows)
+        pairs = sum(n * start + n * (n + 1) / 2 for _, n, start, _ in rows)
+        return self.breakdown(sum(n for _, n, _, _ in rows), kv, pairs, sum(o for *_, o in rows))["seconds"]
 
     def blocks(self, block_size: int = 16) -> int:
         """K/V blocks of `block_size` positions in the GPU's memory: vLLM's share of it, less the weights as stored."""
@@ -132,6 +157,16 @@ def run_seconds(clock: GPUClock, batch: int, input_len: int, output_len: int) ->
     token, then output_len - 1 decode steps of the whole batch."""
     decodes = sum(clock.decode_step(batch, input_len + j + 1) for j in range(1, output_len))
     return clock.prefill_seconds(input_len, batch) + decodes
+
+
+def implied_flops_share(record, clock: GPUClock = None) -> float:
+    """The FLOP share at which `clock` (default: `gpu_clock()`) meets a published throughput run exactly."""
+    clock = clock or gpu_clock()
+    at = lambda f: predict(record, replace(clock, flops_share=f)) / record.value
+    low, high = 0.05, 1.0
+    for _ in range(40):  # the prediction grows with the share: bisect
+        low, high = (low, (low + high) / 2) if at((low + high) / 2) > 1 else ((low + high) / 2, high)
+    return (low + high) / 2
 
 
 def memory_bound_rows(clock: GPUClock) -> int:

@@ -5,8 +5,9 @@ priced by the fitted H100 clock (`lib.gpu.step.gpu_clock`). The requests are len
 
 The caps are vLLM's defaults on a GPU of 70 GiB or more other than an A100
 (`EngineArgs.get_batch_defaults` in vllm/engine/arg_utils.py): `max_num_seqs` 1,024 and
-`max_num_batched_tokens` 8,192 for the OpenAI-compatible server (2,048 on smaller GPUs), with
-blocks of 16 positions (`--block-size`, 16 on CUDA). The trace's lengths are chosen, not a
+`max_num_batched_tokens` 8,192 for the OpenAI-compatible server, `vllm serve` (16,384 for the offline
+`LLM` class; 256 and 2,048 for the server on GPUs under 70 GiB and on A100s), with blocks of 16
+positions (`CacheConfig.DEFAULT_BLOCK_SIZE` in vllm/config/cache.py, `--block-size`). The trace's lengths are chosen, not a
 published distribution: long prompts behind a few shared prefixes (system prompts, documents),
 answers of a few hundred tokens, as in Mooncake's published conversation traces (Qin et al. 2025).
 """
@@ -15,14 +16,14 @@ from dataclasses import replace
 from lib.serve import LADDER, serve
 from lib.serve.lengths import LengthsReplay, ledger_config, lengths_trace
 
-MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, BLOCK_SIZE = 1024, 8192, 16  # vLLM's defaults on an H100 (above)
+MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, BLOCK_SIZE = 1024, 8192, 16  # `vllm serve`'s defaults on an H100 (above)
 CONTEXT = 131_072  # Llama-3.1-8B's context: no request of the trace comes near it
 LONG_TRACE = dict(n=150, prefixes=4, prefix_len=1024, prompt_len=(1024, 8192), n_new=(64, 1024))
 LONG_RATE = 5.0  # requests/s: where max_tokens reservations fill the pool
 LONG_MAX_TOKENS = 4096  # what each request asks for at most: a "max" reservation sets this much aside
 LONG_SLO = dict(ttft=1.0, tpot=0.05)  # seconds: chosen targets, a chat service's
 LONG_SEEDS = (0, 1, 2)
-BUDGETS = (512,)  # a token budget well below vLLM's H100 default (its default on smaller GPUs is 2,048)
+BUDGETS = (512,)  # a token budget well below vLLM's H100 default (the server's default under 70 GiB is 2,048)
 
 
 def vllm_ladder() -> dict:
