@@ -239,12 +239,3 @@ def test_batched_call_feeds_chunks_and_leaves_the_pool_as_it_was():
     call = batched_call(engine, [20, 40], n_tokens=8)
     for _ in range(3):
         call()  # would run out of the pool's blocks if the chunks were kept
-
-
-def test_a_step_asks_logits_of_a_prompts_last_token_and_of_every_decode_token():
-    from types import SimpleNamespace
-
-    from lib.serve.server import logits_needed
-    assert logits_needed(SimpleNamespace(pending=[1, 2, 3]), [1, 2]) == 0  # the prompt goes on: no logits yet
-    assert logits_needed(SimpleNamespace(pending=[1, 2]), [1, 2]) == 1  # its last chunk: the last token's
-    assert logits_needed(SimpleNamespace(pending=[]), [5, 6, 7]) == 3  # a verification: every token's

@@ -2,8 +2,7 @@
 
 A scheduler's schedule depends on how long its steps take. `serve` can time each step as it
 runs (the measured clock); it can also ask a clock what a step costs, given its rows as
-(sequence, new tokens, cached positions before the step, tokens that need logits; `serve` checks
-them). Two clocks are here:
+(sequence, new tokens, cached positions before the step; `serve` checks them). Two clocks are here:
 
 - `FittedClock`, fitted to steps timed now: the step of one sequence fed n tokens, interpolated
   between measured n, plus a cost per further sequence. On it the same trace gives the same
@@ -47,7 +46,7 @@ class FittedClock:
         return float(s[-1] + (n - t[-1]) * (s[-1] - s[-2]) / (t[-1] - t[-2]))
 
     def __call__(self, rows) -> float:
-        return self.one(sum(n for _, n, *_ in rows)) + self.per_seq * (len(rows) - 1)
+        return self.one(sum(n for _, n, _ in rows)) + self.per_seq * (len(rows) - 1)
 
     def decode_step(self, batch: int) -> float:
         """A decode step of `batch` sequences, one token each."""
@@ -100,8 +99,8 @@ class StandInClock:
         return seq
 
     def __call__(self, rows) -> float:
-        seqs = [self._at(key, start) for key, _, start, *_ in rows]
-        feeds = [[1] * n for _, n, *_ in rows]
+        seqs = [self._at(key, start) for key, _, start in rows]
+        feeds = [[1] * n for _, n, _ in rows]
         tick = time.perf_counter()
         self.engine.feed(seqs, feeds)
         return time.perf_counter() - tick

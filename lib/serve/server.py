@@ -58,14 +58,6 @@ def serve(model, trace, num_blocks: int, policy: Policy = Policy(), block_size: 
                   draft_clock).run()
 
 
-def logits_needed(live, feed) -> int:
-    """Tokens of this step's row that need logits: a prompt chunk only its prompt's last token (none if
-    the prompt goes on), a decode or verification row every token (vLLM computes logits likewise)."""
-    if live.pending:
-        return int(len(live.pending) <= len(feed))
-    return len(feed)
-
-
 class Server:
     """The state of one `serve` run; `run` is the step loop."""
 
@@ -148,7 +140,7 @@ class Server:
         starts = [live.seq.n for live in batch]
         logits = self.engine.feed([live.seq for live in batch], feeds)
         if self.clock is not None:
-            seconds += self.clock([(l.rid, len(f), s, logits_needed(l, f)) for l, f, s in zip(batch, feeds, starts)])
+            seconds += self.clock([(l.rid, len(f), s) for l, f, s in zip(batch, feeds, starts)])
         self.steps += 1
         self.prefilled += sum(len(f) for l, f in zip(batch, feeds) if l.pending)
         finished = []
@@ -184,7 +176,7 @@ class Server:
             starts = [live.draft_seq.n for live in group]
             logits = self.draft.feed([live.draft_seq for live in group], feeds)
             if self.draft_clock is not None:
-                seconds += self.draft_clock([(l.rid, len(f), s, len(f)) for l, f, s in zip(group, feeds, starts)])
+                seconds += self.draft_clock([(l.rid, len(f), s) for l, f, s in zip(group, feeds, starts)])
             for live, rows in zip(group, logits):
                 q = probs_from_logits(rows[-1], self.temperature)  # (V,)
                 x = int(np.argmax(q)) if self.temperature == 0 else sample(q, self.rngs[live.rid])
