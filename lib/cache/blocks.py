@@ -149,16 +149,18 @@ class BlockManager:
         new = np.asarray(new_tokens).tolist()
         table, tokens, bs = self.tables[seq_id], self.tokens[seq_id], self.block_size
         start, end = self.computed[seq_id], self.computed[seq_id] + len(new)
-        plan = tokens if tokens[start:end] == new else tokens[:start] + new  # keep a plan the new tokens follow
+        follows = tokens[start:end] == new  # keep a plan the new tokens follow, else the plan ends with them
+        planned = self._blocks_for(len(tokens) if follows else end)
         for i in range(start // bs, min(self._blocks_for(end), len(table))):  # existing blocks written to
             if not self._copy_on_write(seq_id, i):
                 self._unregister(table[i])  # its K/V are about to change
-        for block in table[self._blocks_for(len(plan)):]:
+        for block in table[planned:]:
             self._release(block)
-        del table[self._blocks_for(len(plan)):]
-        while len(table) < self._blocks_for(len(plan)):
+        del table[planned:]
+        while len(table) < planned:
             table.append(self._take_free())
-        tokens[start:] = plan[start:]
+        if not follows:
+            tokens[start:] = new  # in place: no copy of the sequence's tokens at every step
 
     def commit(self, seq_id, computed: int) -> None:
         """The step succeeded: K/V of positions ..computed are written. Register full blocks."""

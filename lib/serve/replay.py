@@ -49,9 +49,6 @@ def write(seq, new) -> None:
     """The block manager's side of feeding `new` tokens to a ledger sequence: their slots, then their
     blocks marked written (no K/V to compute or copy)."""
     manager, end = seq.pool.manager, seq.n + len(new)
-    planned = manager.tokens[seq.seq_id]
-    if len(planned) == seq.n:  # a decode token past the plan: extend it, as reserve would, without copying it
-        planned.extend(int(x) for x in new)
     manager.reserve(seq.seq_id, new)
     manager.copies.clear()
     manager.commit(seq.seq_id, end)
