@@ -68,7 +68,7 @@ def check_count(value, name: str, low: int = 1, what: str = "", high: int | None
     """An integer (not a bool) >= low, and <= high if given (a seed, a size, a position), else a
     ValueError naming it."""
     if not is_int(value) or value < low or (high is not None and value > high):
-        wanted = f"an integer in {low}..{high}" if high is not None else "a non-negative integer" if low == 0 else f"an integer >= {low}"
+        wanted = f"an integer in {low}..{high}" if high is not None else f"an integer >= {low}"
         raise ValueError(f"{name}{what} must be {wanted}, got {value!r}")
     return int(value)
 

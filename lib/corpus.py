@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 
-from lib.config import is_int
 from lib.tokenizer import VOCAB, decode, encode
 
 MODULES = tuple("""
@@ -85,8 +84,6 @@ def held_out_spans(count: int = 4, length: int = 16):
     """`count` spans of `length` tokens of the held-out text, each from a line start spread evenly
     over it (lines whose start holds at least 12 non-blank characters); a span runs on across lines,
     so prompts may be longer than any line."""
-    if not is_int(count) or count < 1 or not is_int(length) or length < 1:
-        raise ValueError(f"count and length must be positive integers, got {count!r} and {length!r}")
     text = decode(load_corpus().held_out)
     starts = [0] + [i + 1 for i, ch in enumerate(text) if ch == "\n"]
     starts = [s for s in starts if len(text[s:s + 12].split("\n")[0].strip()) >= 12 and s + length <= len(text)]

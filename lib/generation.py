@@ -17,9 +17,7 @@ from lib.tokenizer import VOCAB_SIZE, decode, encode
 
 def check_request(prompt_len: int, n_new, context: int, temperature) -> None:
     """Reject a generation request before any work: n_new >= 1, it fits the context, temperature >= 0."""
-    check_count(n_new, "n_new")
-    if prompt_len + n_new > context:
-        raise ValueError(f"prompt ({prompt_len} tokens) plus generation ({n_new}) is longer than the context of {context}")
+    check_count(n_new, "n_new", what=f" (the prompt holds {prompt_len} of {context} positions)", high=context - prompt_len)
     check_temperature(temperature)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from lib.cache.kv_cache import KVCache
 from lib.checks import check_cache, check_count, check_step, check_tokens
-from lib.config import ModelConfig, is_int
+from lib.config import ModelConfig
 from lib.generation import check_request
 from lib.sampling import probs_from_logits, sample
 
@@ -96,12 +96,10 @@ class SpecStats:
 def check_pair(target_cfg: ModelConfig, draft_cfg: ModelConfig, k, dynamic: bool = False, k_max=16) -> None:
     """Same vocabulary; k (and with `dynamic`, k_max >= k) an integer from 1 to the context length."""
     if target_cfg.vocab_size != draft_cfg.vocab_size:
-        raise ValueError(f"draft and target must share a vocabulary: the target has {target_cfg.vocab_size} "
-                         f"tokens, the draft {draft_cfg.vocab_size}")
+        raise ValueError(f"draft and target must share a vocabulary: {target_cfg.vocab_size} vs {draft_cfg.vocab_size} tokens")
     context = min(target_cfg.block_size, draft_cfg.block_size)
     for name, value in [("k (draft tokens per round)", k)] + [("k_max", k_max)] * dynamic:
-        if not is_int(value) or not 1 <= value <= context:
-            raise ValueError(f"{name} must be an integer from 1 to the context length {context}, got {value!r}")
+        check_count(value, name, high=context)
     if dynamic and k > k_max:
         raise ValueError(f"dynamic k starts at k={k}, which is above k_max={k_max}")
 

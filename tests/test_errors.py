@@ -72,7 +72,7 @@ def test_negative_temperature():
 
 
 def test_prompt_plus_generation_longer_than_context():
-    with pytest.raises(ValueError, match=r"prompt \(500 tokens\) plus generation \(13\) is longer than the context of 512"):
+    with pytest.raises(ValueError, match=r"n_new \(the prompt holds 500 of 512 positions\) must be an integer in 1..12, got 13"):
         generate(Model(PARAMS, DRAFT), np.zeros(500, dtype=int), 13)
 
 

@@ -201,5 +201,5 @@ def test_every_product_choice_equals_reference(model, products):
 
 
 def test_unknown_products_choice_is_refused():
-    with pytest.raises(ValueError, match="products must be 'auto', 'numpy' or 'kernel'"):
+    with pytest.raises(ValueError, match="products must be one of auto, numpy, kernel"):
         LeanModel(*load("draft"), products="blas")

@@ -123,7 +123,7 @@ def test_bad_settings_are_refused(kwargs, message):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"batching": "fifo"}, "batching must be"),
+    ({"batching": "fifo"}, "batching/reserve must be one of"),
     ({"max_batch": 0}, "max_batch must be"),
     ({"watermark": 1.0}, "watermark must be"),
     ({"token_budget": 0}, "token_budget must be"),

@@ -37,7 +37,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from lib.cache.kv_cache import KVCache
-from lib.checks import check_params
+from lib.checks import check_option, check_params
 from lib.config import ModelConfig
 from lib.fast.kernels import MAX_ROWS, candidates, fastest_products
 from lib.model import GELU_C, LN_EPS
@@ -73,8 +73,7 @@ class LeanModel:
     """Weights prepared for fast cached calls. `model(new_tokens, cache)` == forward_cached(...)."""
 
     def __init__(self, params, cfg: ModelConfig, products="auto"):
-        if products not in ("auto", "numpy", "kernel"):
-            raise ValueError(f"products must be 'auto', 'numpy' or 'kernel', got {products!r}")
+        check_option(products, "products", ("auto", "numpy", "kernel"))
         check_params(params, cfg)
         self.cfg = cfg
         order = "C" if products == "numpy" else "F"  # "F": each output column's weights contiguous, for the kernel

@@ -33,9 +33,6 @@ def lengths_trace(n: int, rate: float, seed: int = 0, prefixes: int = 8, prefix_
     `prefix_len` placeholder ids (drawn uniformly), then a prompt of its own whose length is
     log-uniform over prompt_len, and asks for a log-uniform number of tokens over n_new. The lengths
     depend on the seed only: the traces of one seed at two rates differ only in their arrival times."""
-    if n < 1 or rate <= 0 or prefixes < 1 or prefix_len < 0:
-        raise ValueError(f"need n >= 1, rate > 0, prefixes >= 1, prefix_len >= 0, got {n}, {rate}, {prefixes}, "
-                         f"{prefix_len}")
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1.0 / rate, n))  # (n,) Poisson arrivals
     log_uniform = lambda lo, hi: np.exp(rng.uniform(np.log(lo), np.log(hi + 1), n)).astype(int)  # (n,) in lo..hi

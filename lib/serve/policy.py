@@ -26,7 +26,9 @@ Each rung adds one idea to the one before it (`LADDER`):
 import math
 from dataclasses import dataclass
 
-from lib.checks import check_count, is_number
+from lib.checks import check_count, check_option, is_number
+
+RUNGS = ("continuous/paged", "continuous/max", "static/max")  # batching/reserve pairs: static batching reserves the max
 
 
 @dataclass(frozen=True)
@@ -40,9 +42,7 @@ class Policy:
     watermark: float = 0.01  # share of the pool a paged admission leaves free while others run (vLLM's)
 
     def __post_init__(self):
-        if (self.batching, self.reserve) not in (("continuous", "paged"), ("continuous", "max"), ("static", "max")):
-            raise ValueError(f"batching must be 'continuous' or 'static', and reserve must be 'paged' or 'max' ('max' for "
-                             f"static batching), got {self.batching!r} and {self.reserve!r}")
+        check_option(f"{self.batching}/{self.reserve}", "batching/reserve", RUNGS)
         check_count(self.max_batch, "max_batch")
         if not (is_number(self.watermark) and 0 <= self.watermark < 1):
             raise ValueError(f"watermark must be a share of the pool in [0, 1), got {self.watermark!r}")

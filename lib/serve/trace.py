@@ -24,11 +24,9 @@ def make_trace(n: int, rate: float, seed: int = 0, burstiness: float = 1.0, prom
     """n requests at `rate` per second on average; gaps ~ Gamma(burstiness, 1 / (rate * burstiness)).
     Prompts are spans of the held-out text from line starts, cut to a length drawn uniformly from prompt_len,
     after an optional shared system prompt. Output lengths are log-uniform over n_new."""
-    if n < 1 or rate <= 0 or burstiness <= 0:
-        raise ValueError(f"need n >= 1, rate > 0 and burstiness > 0, got {n}, {rate}, {burstiness}")
-    if not (1 <= prompt_len[0] <= prompt_len[1] and 1 <= n_new[0] <= n_new[1]):
-        raise ValueError(f"prompt_len and n_new are (lowest, highest) ranges of positive lengths, "
-                         f"got {prompt_len} and {n_new}")
+    if n < 1 or rate <= 0 or burstiness <= 0 or not (1 <= prompt_len[0] <= prompt_len[1] and 1 <= n_new[0] <= n_new[1]):
+        raise ValueError(f"need n >= 1, rate > 0, burstiness > 0, and prompt_len and n_new as (lowest, highest) ranges of "
+                         f"positive lengths, got {n}, {rate}, {burstiness}, {prompt_len} and {n_new}")
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.gamma(burstiness, 1.0 / (rate * burstiness), n))  # (n,)
     lengths = rng.integers(prompt_len[0], prompt_len[1] + 1, n)
