@@ -221,7 +221,7 @@ def verify_section(b: Bench):
         model = large if name == "12x768" else standin(name)
         p = predict_calls(machine, lean_builder(scfg), init_params(scfg), scfg, 64, (1,), model.products)[1] \
             if name != "12x768" else large_p[1]
-        t = step_large if name == "12x768" else median_time(cached_call(model, scfg, 64), repeats=5)
+        t = step_large if name == "12x768" else median_time(cached_call(model, scfg, 64), repeats=7, min_seconds=0.02)
         b.pred.add("decode step, stand-ins", name, p.seconds, t, p)
         out(f"    {name:7s} measured {t * 1e3:7.2f}, predicted {p.seconds * 1e3:7.2f}")
     streamed = step_large / (bytes_large / machine.memory_bandwidth)
@@ -246,7 +246,7 @@ def speculative_section(b: Bench, costs, predicted, large) -> list:
                    "large_": (tiny_p[1].seconds + large_p[1].seconds,
                               {T: (tiny_p[T].seconds + large_p[T].seconds) / (tiny_p[1].seconds + large_p[1].seconds)
                                for T in tiny_p})}
-    regimes = {"": (lean_t, draft_cost_ratio(lean_t, lean_d), costs["tiny, measured choice"], prompts, 96, (1, 2, 3, 4, 6, 8), 2),
+    regimes = {"": (lean_t, draft_cost_ratio(lean_t, lean_d), costs["tiny, measured choice"], prompts, 96, (1, 2, 3, 4, 6, 8), 5),
                "large_": (shadow, draft_cost_ratio(shadow, lean_d, repeats=5), call_costs(shadow, SIZES, repeats=5),
                           prompts[:2], 48, (2, 3, 4, 6), 1)}
     out(f"\nc (draft step / target step): {regimes[''][1]:.2f} at the trained target's cost, "
