@@ -1,8 +1,8 @@
 """Chapter 9's check 3: whole speculative generations held to the target's exact joint
 distribution, with a threshold a correct decoder crosses with probability at most delta.
 
-Speculative sampling emits every token from the target's p (Leviathan, Kalman & Matias 2023,
-Theorem 1; Chen et al. 2023), so the next n characters after a prefix follow the target's joint
+Speculative sampling emits every token from the target's p (Leviathan, Kalman & Matias 2023;
+Chen et al. 2023), so the next n characters after a prefix follow the target's joint
 distribution, which its forward passes give exactly. The statistic is the TVD between n
 generations' frequencies and that distribution; the threshold adds to Jensen's bound on a correct
 decoder's expected TVD the margin McDiarmid's inequality (1989) gives for delta, since one
