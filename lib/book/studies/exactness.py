@@ -1,0 +1,76 @@
+"""Chapter 9's check 3: whole speculative generations held to the target's exact joint
+distribution, with a threshold a correct decoder crosses with probability at most delta.
+
+Speculative sampling emits every token from the target's p (Leviathan, Kalman & Matias 2023;
+Chen et al. 2023), so the next n characters after a prefix follow the target's joint
+distribution, which its forward passes give exactly. The statistic is the TVD between n
+generations' frequencies and that distribution; the threshold adds to Jensen's bound on a correct
+decoder's expected TVD the margin McDiarmid's inequality (1989) gives for delta, since one
+generation moves the TVD by at most 1/n. No approximation is involved.
+"""
+from contextlib import contextmanager
+
+import numpy as np
+
+import lib
+import lib.speculative
+from lib.sampling import probs_from_logits
+
+
+def next_probs(model, text, temperature=1.0):
+    """The model's next-token distribution after `text`: (V,)."""
+    params, cfg = model
+    return probs_from_logits(lib.forward(params, cfg, lib.encode(text))[-1], temperature)
+
+
+@contextmanager
+def patched(owner, name, replacement):
+    """owner.name replaced for the duration of a with-block."""
+    original = getattr(owner, name)
+    setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def continuations(model, prefix, n_chars, min_prob):
+    """{tokens: exact probability} of every n_chars-character continuation of prefix at least
+    min_prob likely, from the model's forward passes (a continuation's prefixes are at least as
+    likely, so a prefix below min_prob is not extended)."""
+    out, todo = {}, [((), 1.0)]
+    while todo:
+        seq, prob = todo.pop()
+        if len(seq) == n_chars:
+            out[seq] = prob
+            continue
+        p = next_probs(model, prefix + lib.decode(list(seq)))  # (V,)
+        todo += [(seq + (int(a),), prob * p[a]) for a in np.flatnonzero(prob * p >= min_prob)]
+    return dict(sorted(out.items()))
+
+
+def outcomes(joint):
+    """The outcomes' exact probabilities (named continuations, then one pooling the rest) and
+    each named continuation's index: ((outcomes + 1,), {tokens: index})."""
+    exact = np.append(list(joint.values()), 1 - sum(joint.values()))
+    return exact, {seq: i for i, seq in enumerate(joint)}
+
+
+def threshold_for(exact, n, delta):
+    """(Jensen's bound on a correct decoder's expected TVD over n generations, that bound plus
+    McDiarmid's margin for delta): P(TVD > the second) <= delta."""
+    expected = 0.5 * np.sqrt(exact * (1 - exact) / n).sum()  # >= E[TVD], bin by bin
+    return expected, expected + np.sqrt(np.log(1 / delta) / (2 * n))
+
+
+def generations(target, draft, prompt, n_chars, k, n, index, drafter=lib.speculative.ModelDrafter):
+    """Outcome counts (outcomes + 1,) and round counts of n generations of n_chars tokens after
+    prompt, seeds 0..n-1, drafting with the class `drafter` (any ModelDrafter)."""
+    counts, rounds = np.zeros(len(index) + 1), np.zeros(n_chars + 1, int)
+    with patched(lib.speculative, "ModelDrafter", drafter):  # the class speculative_generate drafts with
+        for seed in range(n):
+            out, stats = lib.speculative.speculative_generate(target, draft, prompt, n_chars, k=k,
+                                                              temperature=1.0, seed=seed)
+            counts[index.get(tuple(int(t) for t in out), -1)] += 1
+            rounds[stats.rounds] += 1
+    return counts, rounds
