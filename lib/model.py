@@ -4,7 +4,8 @@ Pre-LN blocks, learned position embeddings, a fused q|k|v projection and an outp
 without bias, a 4x MLP with tanh-GELU, a final LayerNorm and an untied output head. Parameters
 are a flat dict keyed like the GPT-2 checkpoint (`h.0.attn.c_attn.weight`, ...).
 
-`forward` is the plain reference: it recomputes everything from the tokens and never changes.
+`forward` is the plain reference: it recomputes everything from the tokens, the same in every chapter
+(the fast paths live in `lib.fast`).
 `forward_cached` appends 1..n tokens to a `KVCache` and returns their logits, so decoding one
 token, prefilling a prompt and verifying k draft tokens are the same call; both run the layers
 through `block`. `Model(params, cfg)` is that cached call as a `Step`, the one interface every
