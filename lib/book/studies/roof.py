@@ -1,0 +1,23 @@
+"""A memory roof read beside the steps it bounds, for chapter 2's roofline (Williams, Waterman and
+Patterson 2009, "Roofline: an insightful visual performance model for multicore architectures").
+
+The machine card's bandwidth (`lib.measure.card`) is one thread's one-row products, probed once per
+machine and kept on disk: a step timed at another moment, with the machine more or less busy, can
+land above it. A roof drawn under points timed now is read now: one thread streams an array far
+larger than any cache through BLAS's dot product of the array with itself (every byte read once, two
+FLOPs per four bytes, vectorized), the median of a few repeats. numpy's `a.sum()` is no roof: its
+pairwise summation was measured at 12 to 23 GB/s on a machine whose decode step read at 17 to 20.
+"""
+import numpy as np
+
+from lib.timing import median_time, single_thread
+
+STREAM_BYTES = 2**29  # 512 MiB: beyond the last-level caches of CPUs of this kind (32 to 480 MiB)
+
+
+def streaming_read(nbytes: int = STREAM_BYTES, repeats: int = 5) -> float:
+    """Bytes per second one thread reads from memory: a float32 array of `nbytes` dotted with itself
+    (BLAS sdot on one BLAS thread), the median of `repeats` after one warm-up."""
+    a = np.ones(nbytes // 4, np.float32)  # (nbytes / 4,): every page written before it is timed
+    with single_thread():
+        return a.nbytes / median_time(lambda: a.dot(a), repeats=repeats, warmup=1)
