@@ -9,6 +9,7 @@ warm-up and cosine decay; batches are random windows of the standard-library cor
     python -m lib.train draft
     python -m lib.train target-kv2    # the target pooled to 2 K/V heads, then uptrained (chapter 5)
     python -m lib.train target-kv1
+    python -m lib.train target-kv4    # the control: the target's 4 K/V heads kept, trained on the same way
 """
 import argparse
 import math
@@ -23,9 +24,9 @@ from lib.gqa import mean_pool_kv
 from lib.model import GELU_C, LN_EPS, init_params, load, save
 
 PRESETS = {"target": TARGET, "draft": DRAFT}
-UPTRAINED = {"target-kv2": 2, "target-kv1": 1}  # name -> K/V heads, converted from the shipped target
+UPTRAINED = {"target-kv2": 2, "target-kv1": 1, "target-kv4": 4}  # name -> K/V heads from the shipped target's 4
 DEFAULTS = {"target": (4500, 2.5e-3, 200, 250), "draft": (3000, 4e-3, 200, 250),  # steps, peak lr, warm-up,
-            "target-kv2": (225, 1e-3, 20, 25), "target-kv1": (225, 1e-3, 20, 25)}  # evaluate every n steps
+            **{name: (225, 1e-3, 20, 25) for name in UPTRAINED}}  # evaluate every n steps
 
 
 # ----------------------------------------------------------------------------- layer pairs
@@ -263,7 +264,9 @@ def main(argv=None):
     init, record_extra = None, {}
     if args.model in UPTRAINED:
         init, cfg = mean_pool_kv(*load("target"), UPTRAINED[args.model])
-        record_extra = {"converted_from": "target", "conversion": "mean-pooled K/V heads (Ainslie et al. 2023)"}
+        pooled = cfg.n_kv_head < TARGET.n_kv_head  # target-kv4 keeps its heads: the control
+        record_extra = {"converted_from": "target", "conversion": "mean-pooled K/V heads (Ainslie et al. 2023)"
+                        if pooled else "none: the control, the same training without pooling"}
     else:
         cfg = PRESETS[args.model]
     corpus = load_corpus()
