@@ -154,7 +154,7 @@ def draw(ax, trail: Trail, by_time: bool = False) -> None:
             ax.broken_barh(list(zip(lefts[js], widths[js])), (i - 0.4, 0.8), facecolors=COLOURS[state],
                            edgecolor="white", linewidth=0.4)
         for j in np.flatnonzero((states == PREFILL) & (widths > 0.02 * widths.sum())):
-            ax.text(lefts[j] + widths[j] / 2, i, f"{tokens[j]:,}", ha="center", va="center", fontsize=7, color="white")
+            ax.text(lefts[j] + widths[j] / 2, i, f"{tokens[j]:,}", ha="center", va="center", fontsize=6, color="white")
     ax.set_ylim(n - 0.5, -0.5)
     ax.set_yticks(range(n), [str(out.request.rid) for out in trail.report.outcomes])
     ax.set_ylabel("request")
