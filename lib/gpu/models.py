@@ -40,7 +40,7 @@ REAL_MODELS = [
 
 # Hybrid models: K and V in a few full-attention layers, a constant state per sequence in the others
 # (lib.gpu.memory's STATE_FIELDS). Qwen3-Next's config.json gives the layout as full_attention_interval
-# (layer_types unset in the release), Jamba's as attn_layer_period and attn_layer_offset. No parameter
+# (a layer_types list, where a revision gives one, reads the same), Jamba's as attn_layer_period and attn_layer_offset. No parameter
 # counts: the weights' parts are not read for them (Jamba's experts sit in every other layer only).
 HYBRID_MODELS = [
     from_hf_config({"num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
