@@ -32,7 +32,7 @@ def gather(pool, blocks, end):
     """The first `end` positions held in `blocks`, in the table's order: (Hkv, end, ...), a copy."""
     rows = pool[blocks]  # (n_blocks, Hkv, block_size, ...)
     rows = rows.transpose(1, 0, 2, *range(3, pool.ndim))  # (Hkv, n_blocks, block_size, ...)
-    return rows.reshape(pool.shape[1], -1, *pool.shape[3:])[:, :end]  # (Hkv, n_blocks x block_size, ...)[:end]
+    return rows.reshape(pool.shape[1], -1, *pool.shape[3:])[:, :end]  # (Hkv, end, ...)
 
 
 class PagedKVCache:
