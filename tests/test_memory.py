@@ -133,3 +133,25 @@ def test_moe_and_embedding_fields_from_a_config():
         from_hf_config(fields, n_params=100)
     with pytest.raises(ValueError, match="num_experts_per_tok=17 is more than its 16 routed experts"):
         from_hf_config(fields | {"num_experts_per_tok": 17}, n_params=1e4)
+
+
+def test_experts_without_experts_per_token_name_the_missing_key():
+    fields = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 8, "num_local_experts": 8}
+    with pytest.raises(ValueError, match="lacks num_experts_per_tok and moe_intermediate_size or intermediate_size"):
+        from_hf_config(fields, n_params=1e4)
+    with pytest.raises(ValueError, match="in some layers only"):
+        from_hf_config(fields | {"num_experts_per_tok": 2, "intermediate_size": 4, "expert_layer_period": 2}, n_params=1e4)
+
+
+def test_hybrid_models_count_attention_layers_and_a_constant_state():
+    from lib.gpu.models import HYBRID_MODELS
+    qwen_next, jamba = HYBRID_MODELS
+    assert sum(w is None for w in qwen_next.windows) == 12 and qwen_next.n_layer == 48  # full_attention_interval 4
+    assert [i for i, w in enumerate(jamba.windows) if w is None] == [4, 12, 20, 28]  # period 8, offset 4
+    assert qwen_next.bytes_per_token() == 2 * 12 * 2 * 256 * 2 and jamba.bytes_per_token() == 2 * 4 * 8 * 128 * 2
+    # Gated DeltaNet: 32 value heads x 128 x 128, and a kernel of 4 over 2 x 16 x 128 + 32 x 128 channels, in 36 layers
+    assert qwen_next.state == 36 * (32 * 128 * 128 + 8192 * 3)
+    assert jamba.state == 28 * (2 * 4096) * (16 + 3)  # Mamba: d_inner x (d_state + d_conv - 1) in 28 layers
+    assert qwen_next.kv_bytes(0, batch=3) == 3 * 2 * qwen_next.state  # an empty sequence holds its state
+    assert qwen_next.kv_bytes(1000) - qwen_next.kv_bytes(0) == 1000 * qwen_next.bytes_per_token()
+    assert qwen_next.per_gpu(2).state == qwen_next.state // 2

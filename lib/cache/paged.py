@@ -22,6 +22,19 @@ from lib.checks import check_tokens
 from lib.config import ModelConfig
 
 
+def scatter(pool, blocks, offsets, x):
+    """Write T positions' rows x (T, Hkv, ...) into a pool (num_blocks, Hkv, block_size, ...) at slots
+    (blocks[t], offsets[t]): the block table has already turned each position into its slot."""
+    pool[blocks, :, offsets] = x  # (T, Hkv, ...)
+
+
+def gather(pool, blocks, end):
+    """The first `end` positions held in `blocks`, in the table's order: (Hkv, end, ...), a copy."""
+    rows = pool[blocks]  # (n_blocks, Hkv, block_size, ...)
+    rows = rows.transpose(1, 0, 2, *range(3, pool.ndim))  # (Hkv, n_blocks, block_size, ...)
+    return rows.reshape(pool.shape[1], -1, *pool.shape[3:])[:, :end]  # (Hkv, end, ...)
+
+
 class PagedKVCache:
     """The block pool: per layer K and V as (num_blocks, Hkv, block_size, D), and its manager.
 
@@ -67,24 +80,21 @@ class PagedKVCache:
             s = None  # an unscaled form stores the values themselves
             if self.granularity == "position":
                 s = quant.position_scales(x, self.form.qmax).astype(np.float32)  # (T, Hkv, 1)
-                scales[layer][blocks, :, offsets] = s[..., 0]
+                scatter(scales[layer], blocks, offsets, s[..., 0])
             elif self.granularity:
                 s = scales[layer].reshape(-1, 1)  # (Hkv or 1, 1): broadcasts over (T, Hkv, D)
-            codes[layer][blocks, :, offsets] = self.form.encode(x, s)
+            scatter(codes[layer], blocks, offsets, self.form.encode(x, s))
 
     def load(self, layer, blocks, end):
         """K, V of the first `end` positions of the blocks listed, as float32 (Hkv, end, D) each."""
-        Hkv = self.cfg.n_kv_head
-        def gather(pool):  # (blocks, Hkv, bs, ...) -> (Hkv, end, ...)
-            return pool[blocks].transpose(1, 0, 2, *range(3, pool.ndim)).reshape(Hkv, -1, *pool.shape[3:])[:, :end]
         out = []
         for codes, scales in ((self.k, self.k_scale), (self.v, self.v_scale)):
             s = None  # an unscaled form reads the values themselves
             if self.granularity == "position":
-                s = gather(scales[layer])[..., None]  # (Hkv, end, 1)
+                s = gather(scales[layer], blocks, end)[..., None]  # (Hkv, end, 1)
             elif self.granularity:
                 s = scales[layer][0][:, :, None]  # (Hkv or 1, 1, 1)
-            out.append(self.form.decode(gather(codes[layer]), s))  # (Hkv, end, D)
+            out.append(self.form.decode(gather(codes[layer], blocks, end), s))  # (Hkv, end, D)
         return out[0], out[1]
 
     def add(self, seq_id, prompt) -> "PagedSequence":

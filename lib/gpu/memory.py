@@ -9,6 +9,9 @@ where a full-attention layer caches every position and a sliding-window layer at
 Gemma Team 2025). Grouped-query attention (Ainslie et al. 2023) shrinks "KV heads". Multi-head
 latent attention (DeepSeek-AI 2024, DeepSeek-V2 and V3) caches one compressed latent of
 kv_lora_rank + qk_rope_head_dim values per layer and position instead of K and V heads.
+Hybrid models cache K and V in their attention layers only; their linear-attention layers (Gated
+DeltaNet in Qwen3-Next, Yang et al. 2025) or state-space layers (Mamba in Jamba, Lieber et al.
+2024) keep a fixed-size state per sequence, the same at any length, which `KVSpec.state` counts.
 
 Around the formula: the multi-head baseline of a model (every query head its own K/V head), the
 share of each GPU under tensor parallelism (K/V heads split across GPUs, replicated when there
@@ -38,7 +41,7 @@ class KVSpec:
     n_layer: int
     n_kv_head: int
     head_dim: int
-    windows: tuple  # per layer: None for full attention, else the sliding window in positions
+    windows: tuple  # per layer: None for full attention, the sliding window in positions, 0 for a state instead
     n_params: float = 0.0  # for the size of the weights
     source: str = ""
     n_head: int = 0  # query heads, for the multi-head baseline; 0: as many as KV heads
@@ -47,9 +50,10 @@ class KVSpec:
     experts: int = 0  # mixture of experts: routed experts per MoE layer; 0: a dense model
     active: int = 0  # routed experts each token goes to
     expert_params: float = 0.0  # parameters of all routed experts of all layers (part of n_params)
+    state: int = 0  # values each sequence keeps whatever its length: linear-attention or state-space layers' state
 
     def positions(self, tokens: int) -> list:
-        """Cached positions per layer for a sequence of `tokens`."""
+        """Cached positions per layer for a sequence of `tokens` (0 in a layer that keeps a state instead)."""
         return [tokens if w is None else min(tokens, w) for w in self.windows]
 
     def values_per_position(self) -> int:
@@ -57,8 +61,8 @@ class KVSpec:
         return self.latent or 2 * self.n_kv_head * self.head_dim
 
     def kv_bytes(self, tokens: int, batch: int = 1, dtype: str = "bfloat16") -> float:
-        """Bytes of K and V for `batch` sequences of `tokens` each."""
-        return batch * self.values_per_position() * dtype_bytes(dtype) * sum(self.positions(tokens))
+        """Bytes of K and V for `batch` sequences of `tokens` each, and of their constant state if any."""
+        return batch * dtype_bytes(dtype) * (self.values_per_position() * sum(self.positions(tokens)) + self.state)
 
     def bytes_per_token(self, dtype: str = "bfloat16") -> float:
         """Bytes each new token adds once every sliding window is full (full-attention layers only)."""
@@ -85,8 +89,9 @@ class KVSpec:
     def per_gpu(self, tp: int) -> "KVSpec":
         """One GPU's share under `tp`-way tensor parallelism: n_kv_head / tp K/V heads each, or
         one head (replicated) when tp exceeds them (tp divides the heads or is a multiple of them); an
-        MLA latent serves every head and is whole on every GPU."""
-        weights = dict(n_params=self.n_params / tp, embedding=self.embedding / tp, expert_params=self.expert_params / tp)
+        MLA latent serves every head and is whole on every GPU; a constant state splits with its heads."""
+        weights = dict(n_params=self.n_params / tp, embedding=self.embedding / tp, expert_params=self.expert_params / tp,
+                       state=self.state // tp)
         if self.latent:
             return replace(self, **weights)
         return replace(self, n_kv_head=max(1, self.n_kv_head // tp), n_head=self.n_head and max(1, self.n_head // tp),
@@ -166,7 +171,45 @@ def read_config(config) -> dict:
     return fields
 
 
-LAYER_TYPES = ("full_attention", "sliding_attention")  # the layer_types entries whose K/V bytes the formula knows
+LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")  # the layer_types entries the formula knows
+# A linear-attention layer (Gated DeltaNet) keeps per sequence a state of value heads x key dim x value dim and a
+# causal convolution's last kernel - 1 inputs over its q, k and v channels; a Mamba layer (Jamba) keeps
+# d_inner x d_state and d_inner x (d_conv - 1), where d_inner = expand x hidden_size (transformers' caches).
+STATE_FIELDS = {"linear_attention": ("linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+                                     "linear_num_key_heads", "linear_conv_kernel_dim"),
+                "mamba": ("mamba_expand", "mamba_d_state", "mamba_d_conv")}
+
+
+def _layer_types(config: dict, layers: int):
+    """The config's per-layer types when it declares them, as a list or (hybrid models) as a period:
+    Qwen3-Next's `full_attention_interval` k (layer i full when (i + 1) % k == 0, the others linear),
+    Jamba's `attn_layer_period` p and `attn_layer_offset` o (layer i attention when i % p == o, the others
+    Mamba); None when it declares none."""
+    if config.get("layer_types"):
+        return config["layer_types"]
+    if config.get("full_attention_interval") is not None:
+        k = _count(config, "full_attention_interval")
+        return ["full_attention" if (i + 1) % k == 0 else "linear_attention" for i in range(layers)]
+    if config.get("attn_layer_period") is not None:
+        p = _count(config, "attn_layer_period")
+        o = config.get("attn_layer_offset", 0)
+        check_count(o, "config.json's attn_layer_offset", 0, high=p - 1)
+        return ["full_attention" if i % p == o else "mamba" for i in range(layers)]
+    return None
+
+
+def _state_values(config: dict, kind: str, hidden: int) -> int:
+    """Values one layer of `kind` keeps per sequence, from the config's fields (a ValueError naming those missing)."""
+    missing = [key for key in STATE_FIELDS[kind] if config.get(key) is None]
+    if missing:
+        raise ValueError(f"{kind} layers keep a state the formula sizes from {', '.join(STATE_FIELDS[kind])}; "
+                         f"config.json lacks {', '.join(missing)}")
+    if kind == "mamba":
+        inner = _count(config, "mamba_expand") * hidden
+        return inner * (_count(config, "mamba_d_state") + _count(config, "mamba_d_conv") - 1)
+    v_heads, k_dim, v_dim, k_heads, kernel = (_count(config, key) for key in STATE_FIELDS[kind])
+    channels = 2 * k_heads * k_dim + v_heads * v_dim  # the convolution runs over q, k and v
+    return v_heads * k_dim * v_dim + channels * (kernel - 1)
 
 
 def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = "") -> KVSpec:
@@ -198,19 +241,21 @@ def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = 
         raise ValueError(f"hidden_size={hidden} is not divisible by num_attention_heads={heads}, and head_dim is not given")
     head_dim = hidden // heads if config.get("head_dim") is None else _count(config, "head_dim")
     window = None if config.get("sliding_window") is None else _count(config, "sliding_window")
-    types, pattern = config.get("layer_types"), config.get("sliding_window_pattern")
+    state = 0  # values per sequence of the layers that keep a state instead of K and V
+    types, pattern = _layer_types(config, layers), config.get("sliding_window_pattern")
     if not types and pattern is not None and window is not None:
         pattern = _count(config, "sliding_window_pattern")
         types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
     if types:
         if not (isinstance(types, list) and len(types) == layers and all(isinstance(t, str) for t in types)):
             raise ValueError(f"config.json's layer_types must be a list of {layers} strings, got {types!r:.80}")
-        unknown = sorted(set(types) - set(LAYER_TYPES))
-        if unknown:  # another attention (linear, chunked, ...) caches differently: never read it as full
-            raise ValueError(f"layer_types entries {unknown} are not {' or '.join(LAYER_TYPES)}, the two this formula knows")
+        unknown = sorted(set(types) - set(LAYER_TYPES) - {"mamba"})
+        if unknown:  # another attention (chunked, ...) caches differently: never read it as full
+            raise ValueError(f"layer_types entries {unknown} are not {', '.join(LAYER_TYPES)}, the three this formula knows")
         if "sliding_attention" in types and window is None:
             raise ValueError("layer_types has sliding_attention layers but the config gives no sliding_window")
-        windows = tuple(window if t == "sliding_attention" else None for t in types)
+        windows = tuple(window if t == "sliding_attention" else 0 if t in STATE_FIELDS else None for t in types)
+        state = sum(types.count(kind) * _state_values(config, kind, hidden) for kind in STATE_FIELDS if kind in types)
     elif window is not None and config.get("use_sliding_window", True):
         windows = (window,) * layers
     else:
@@ -223,7 +268,7 @@ def from_hf_config(config, name: str = "", n_params: float = 0.0, source: str = 
     least = weights.get("embedding", 0) + weights.get("expert_params", 0)  # parts of n_params
     if not (is_number(n_params) and least <= n_params < float("inf")):
         raise ValueError(f"n_params must be a finite number >= {least:.4g} (its embedding + expert_params), got {n_params!r}")
-    return KVSpec(name, layers, kv_heads, head_dim, windows, n_params, source, heads, latent, **weights)
+    return KVSpec(name, layers, kv_heads, head_dim, windows, n_params, source, heads, latent, state=state, **weights)
 
 
 def _weight_parts(config: dict, layers: int, hidden: int) -> dict:
@@ -233,6 +278,14 @@ def _weight_parts(config: dict, layers: int, hidden: int) -> dict:
         parts["embedding"] = _count(config, "vocab_size") * hidden
     key = next((k for k in ("num_local_experts", "n_routed_experts", "num_experts") if config.get(k)), None)
     if key:
+        needed = {"num_experts_per_tok": config.get("num_experts_per_tok"),
+                  "moe_intermediate_size or intermediate_size": config.get("moe_intermediate_size", config.get("intermediate_size"))}
+        missing = [name for name, value in needed.items() if value is None]
+        if missing:
+            raise ValueError(f"config.json has routed experts ({key}) but lacks {' and '.join(missing)}, needed for the weights a step reads")
+        if (config.get("expert_layer_period") or 1) != 1 or (config.get("decoder_sparse_step") or 1) != 1:
+            raise ValueError("config.json puts experts in some layers only (expert_layer_period or decoder_sparse_step);"
+                             " the weights' parts count them in every layer from first_k_dense_replace on")
         size = next(k for k in ("moe_intermediate_size", "intermediate_size") if config.get(k) is not None)
         dense = config.get("first_k_dense_replace") or 0
         check_count(dense, "config.json's first_k_dense_replace", 0, high=layers - 1)

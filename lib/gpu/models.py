@@ -38,6 +38,21 @@ REAL_MODELS = [
                    "https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json"),
 ]
 
+# Hybrid models: K and V in a few full-attention layers, a constant state per sequence in the others
+# (lib.gpu.memory's STATE_FIELDS). Qwen3-Next's config.json gives the layout as full_attention_interval
+# (a layer_types list, where a revision gives one, reads the same), Jamba's as attn_layer_period and attn_layer_offset. No parameter
+# counts: the weights' parts are not read for them (Jamba's experts sit in every other layer only).
+HYBRID_MODELS = [
+    from_hf_config({"num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+                    "hidden_size": 2048, "full_attention_interval": 4, "linear_num_value_heads": 32,
+                    "linear_num_key_heads": 16, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                    "linear_conv_kernel_dim": 4}, "Qwen3-Next-80B-A3B",
+                   source="https://huggingface.co/Qwen/Qwen3-Next-80B-A3B-Instruct/blob/main/config.json"),
+    from_hf_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
+                    "attn_layer_period": 8, "attn_layer_offset": 4, "mamba_expand": 2, "mamba_d_state": 16,
+                    "mamba_d_conv": 4}, "Jamba-v0.1", source="https://huggingface.co/ai21labs/Jamba-v0.1/blob/main/config.json"),
+]
+
 # The pair chapter 5 compares: the same 32 layers of 32 query heads of 128 dimensions, with 32
 # K/V heads (multi-head) and with 8 (GQA).
 LLAMA_2_7B = from_hf_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
