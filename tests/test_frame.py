@@ -94,6 +94,32 @@ def test_main_path_keeps_its_budget_and_has_every_box(path):
         assert f["exercise_words"] <= EXERCISE_WORDS, f
 
 
+PRINTED = 60  # lines of printed output a chapter shows unfolded: tables beyond that go into its deep dives
+PRINTED_LESS = {"07_quantization": 40}  # its fresh read counted 101 lines of tables before its figures took their place
+
+
+def printed_lines(nb) -> int:
+    """Lines of text output (stdout and plain-text results) of code cells whose output the book shows."""
+    count = 0
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code" or FOLDS_OUTPUT & set(cell.get("metadata", {}).get("tags", [])):
+            continue
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if out.get("name") == "stdout":
+                count += "".join(out["text"]).count("\n")
+            elif "text/plain" in data and not any(k.startswith(("image/", "application/")) for k in data):
+                count += "".join(data["text/plain"]).count("\n") + 1
+    return count
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_main_path_prints_few_lines(path):
+    lines = printed_lines(json.loads(path.read_text()))
+    print(f"{path.stem}: {lines} printed lines on the main path")
+    assert lines <= PRINTED_LESS.get(path.stem, PRINTED), f"{path.stem} shows {lines} lines of printed output unfolded"
+
+
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
 def test_prose_numbers_are_short_phrases_and_read_in_jupyterlab(path):
     nb = json.loads(path.read_text())
