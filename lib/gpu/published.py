@@ -1,6 +1,7 @@
-"""Published measurements of Llama-3.1-8B on one H100, each as its source states it (the figure
-quoted exactly, its setup, the page), and the band within which `lib.gpu.step.validation` holds the
-book's one step formula to it, with why that band.
+"""Published measurements of Llama-3.1-8B on one H100 (bf16, but Loginet's fp16; vLLM's speculation
+example names no GPU), each as its source states it (the figure quoted exactly, its setup, the page),
+and the band within which `lib.gpu.step.validation` holds the book's one step formula to it, with why
+that band. The bands were set knowing each source's setup, not blind.
 
 Kinds: a batch-1 decode (two engines), decode throughput at a large batch (two engines), a
 prefill, and a speculative-decoding switch point. The clock takes its bandwidth share from the
