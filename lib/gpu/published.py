@@ -36,6 +36,8 @@ TORCHAO = Published(
     "126.90 tokens/s (1904.75 GB/s, peak memory 16.75 GB)", 126.90, "tokens/s",
     (0.99, 1.01), "the clock's bandwidth share is fitted to it: it agrees by construction",
     context=200)  # positions: the 200 generated tokens after a short prompt
+# The README dropped this row on 2026-01-05 (pytorch/ao pull request 3551, "deleting the old outdated
+# benchmarks"); its current H100 table has no batch-1 row, so the pinned commit above stays the fit point.
 
 SGLANG = Published(
     "SGLang, batch 1", "EAGLE-3 (Li et al. 2025, arXiv 2503.01840), as SGLang's speculative-decoding docs quote it "
