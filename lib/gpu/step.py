@@ -1,9 +1,9 @@
 """One step of a real model on a GPU: the book's one step-time formula, used by every chapter, the
 serving clock and the bench.
 
-A step of T new tokens (one per sequence in decode, many in a prefill) runs the weight products,
-then attention over each sequence's own cache, as separate kernels (the JAX scaling book's
-inference chapter, Austin et al. 2025, adds the two):
+A step of T new tokens (one per sequence in decode, many in a prefill) runs, in every layer, the
+weight products and attention over each sequence's own cache as separate kernels whose times add
+(the JAX scaling book's inference chapter, Austin et al. 2025, adds the two):
 
     seconds = overhead
             + max(weight bytes / (b x bandwidth), 2 N x ceil(T / tile) x tile / (f x FLOP/s))
