@@ -143,8 +143,8 @@ def agrees(trail: Trail) -> bool:
 
 def draw(ax, trail: Trail, by_time: bool = False) -> None:
     """One row per request (the first on top), one cell per step coloured by the request's state. x: the
-    step, or (by_time) the clock's time in ms, each step as wide as it took, a prefill cell wide enough
-    labelled with the prompt tokens it computed. Each row is labelled with its request's prompt tokens."""
+    step, or (by_time) the clock's time in ms, each step as wide as it took and each prefill cell wide
+    enough labelled with the prompt tokens it computed. Each row is labelled with its prompt's tokens."""
     n = len(trail.states)
     lefts, widths = ((trail.ends - trail.seconds) * 1e3, trail.seconds * 1e3) if by_time else \
         (np.arange(trail.states.shape[1]) - 0.5, np.ones(trail.states.shape[1]))
@@ -153,7 +153,7 @@ def draw(ax, trail: Trail, by_time: bool = False) -> None:
             js = np.flatnonzero(states == state)
             ax.broken_barh(list(zip(lefts[js], widths[js])), (i - 0.4, 0.8), facecolors=COLOURS[state],
                            edgecolor="white", linewidth=0.4)
-        for j in np.flatnonzero((states == PREFILL) & (widths > 0.02 * widths.sum()) & by_time):
+        for j in np.flatnonzero((states == PREFILL) & (widths > 0.02 * widths.sum())) if by_time else ():
             ax.text(lefts[j] + widths[j] / 2, i, f"{tokens[j]:,}", ha="center", va="center", fontsize=6, color="white")
     ax.set_ylim(n - 0.5, -0.5)
     ax.set_yticks(range(n), [f"{out.request.rid}: {len(out.request.prompt):,}" for out in trail.report.outcomes],
