@@ -1,5 +1,7 @@
 """A memory roof read beside the steps it bounds, for chapter 2's roofline (Williams, Waterman and
-Patterson 2009, "Roofline: an insightful visual performance model for multicore architectures").
+Patterson 2009, "Roofline: an insightful visual performance model for multicore architectures"),
+and the one way the regimes page and chapter 2 time a decode step, so that the two pages' numbers
+for the same stand-in differ only by the machine's noise.
 
 The machine card's bandwidth (`lib.measure.card`) is one thread's one-row products, probed once per
 machine and kept on disk: a step timed at another moment, with the machine more or less busy, can
@@ -10,6 +12,7 @@ pairwise summation was measured at 12 to 23 GB/s on a machine whose decode step 
 """
 import numpy as np
 
+from lib.measure.counting import cached_call
 from lib.timing import median_time, single_thread
 
 STREAM_BYTES = 2**29  # 512 MiB: beyond the last-level caches of CPUs of this kind (32 to 480 MiB)
@@ -21,3 +24,13 @@ def streaming_read(nbytes: int = STREAM_BYTES, repeats: int = 5) -> float:
     a = np.ones(nbytes // 4, np.float32)  # (nbytes / 4,): every page written before it is timed
     with single_thread():
         return a.nbytes / median_time(lambda: a.dot(a), repeats=repeats, warmup=1)
+
+
+def decode_seconds(step, cfg, position: int = 64, repeats: int = 7) -> float:
+    """Seconds of one decode step of `step` (a function of (new_tokens, cache); its model's config
+    `cfg`) after `position` cached tokens: the fastest of `repeats` timings, each looping the step
+    for 50 ms (a 0.1 ms step is too short to time alone), after one warm-up. The fastest is the
+    least disturbed by the rest of the machine."""
+    call = cached_call(step, cfg, position)
+    call()
+    return min(median_time(call, repeats=1, warmup=0, min_seconds=0.05) for _ in range(repeats))
