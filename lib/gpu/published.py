@@ -42,7 +42,7 @@ TORCHAO = Published(
 SGLANG = Published(
     "SGLang, batch 1", "EAGLE-3 (Li et al. 2025, arXiv 2503.01840), as SGLang's speculative-decoding docs quote it "
     "('Performance Highlights')", "https://arxiv.org/abs/2503.01840", "2025-03",
-    "1x H100, LLaMA-Instruct 3.1 8B, SGLang without speculation, MT-bench prompts, batch 1",
+    "1x H100, LLaMA-Instruct 3.1 8B, SGLang without speculation, MT-bench prompts (batch not stated; taken as 1)",
     "SGLang (w/o speculative, 1x H100): 158.34 tokens/s", 158.34, "tokens/s",
     (0.7, 1.0), "another engine at batch 1 (CUDA graphs, other kernels), faster than torchao's step: the "
     "torchao-fitted clock should be slower, within 30%; MT-bench's prompts are not given: taken at torchao's "
