@@ -57,3 +57,12 @@ def test_matches_ml_dtypes_float8_e4m3fn_bit_for_bit():
     x = rng.standard_normal(100_000) * np.exp(rng.uniform(-12, 6, 100_000))
     x = x[np.abs(x) <= 448]  # ml_dtypes rounds up to 464 to 448 and turns larger values into NaN; vLLM clamps first
     assert np.array_equal(x.astype(ml_dtypes.float8_e4m3fn).view(np.uint8), fp8_encode(x))
+
+
+def test_above_448_both_round_to_448_up_to_464_then_ml_dtypes_turns_nan_and_this_engine_saturates():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = np.array([448.5, 460.0, 463.9, 464.0, 464.1, 1000.0])
+    theirs = x.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    ours = fp8_decode(fp8_encode(x))
+    assert np.all(theirs[:4] == 448) and np.all(np.isnan(theirs[4:]))  # 464 is halfway to the next step: ties to even
+    assert np.all(ours == 448)
