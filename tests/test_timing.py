@@ -6,7 +6,7 @@ from lib.cache.kv_cache import KVCache
 from lib.config import TARGET
 from lib.measure.counting import count_ops, numpy_calls_per_step, step_counts
 from lib.model import forward_cached
-from lib.timing import interleaved_speedups, median_time
+from lib.timing import interleaved_speedups, median_time, paired
 
 
 def test_matmul_flops_and_bytes_come_from_the_shapes():
@@ -80,3 +80,11 @@ def test_interleaved_runs_sit_between_baselines_and_keep_the_first_results():
     assert log == ["base", "a1", "b1", "base", "a2", "base", "a1", "b1", "base", "a2", "base"]  # repeat 2 follows the last baseline
     assert reference == "base1" and results == {("a", 1): "a12", ("b", 1): "b13", ("a", 2): "a25"}
     assert list(ratios) == list(results) and all(len(r) == 2 and min(r) > 0 for r in ratios.values())
+
+
+def test_paired_returns_one_pair_so_times_and_ratio_agree():
+    """`paired` gives the pair whose ratio is the median: its ratio is its own times' ratio, exactly."""
+    work = np.ones(20000, np.float32)
+    base, cand, ratio = paired(lambda: work.sum(), lambda: np.sort(work), repeats=5, min_seconds=0.0)
+    assert base > 0 and cand > 0
+    assert ratio == cand / base
