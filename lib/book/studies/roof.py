@@ -1,13 +1,14 @@
-"""A memory roof read beside the steps it bounds, for chapter 2's roofline (Williams, Waterman and
+"""A plain memory stream read beside the steps, for chapter 2's roofline (Williams, Waterman and
 Patterson 2009, "Roofline: an insightful visual performance model for multicore architectures"),
 and the one way the regimes page and chapter 2 time a decode step, so that the two pages' numbers
 for the same stand-in differ only by the machine's noise.
 
-The machine card's bandwidth (`lib.measure.card`) is one thread's one-row products, probed once per
-machine and kept on disk: a step timed at another moment, with the machine more or less busy, can
-land above it. A roof drawn under points timed now is read now: one thread streams an array far
-larger than any cache through BLAS's dot product of the array with itself (every byte read once, two
-FLOPs per four bytes, vectorized), the median of a few repeats. numpy's `a.sum()` is no roof: its
+The machine card's bandwidth (`lib.measure.card`), the card's read rate, is one thread's one-row
+products, probed once per machine and kept on disk: a reference, not a ceiling, since a step timed
+at another moment, with the machine more or less busy, lands either side of it. The plain stream is
+read now: one thread streams an array far larger than any cache through BLAS's dot product of the
+array with itself (every byte read once, two FLOPs per four bytes, vectorized), the median of a few
+repeats; it reads faster than the one-row products. numpy's `a.sum()` is no such stream: its
 pairwise summation was measured at 12 to 23 GB/s on a machine whose decode step read at 17 to 20.
 """
 import numpy as np
