@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lib.book.prose import FOLDS_OUTPUT, FOLDS_SOURCE, glued, shown
+from lib.book.prose import FOLDS_OUTPUT, FOLDS_SOURCE, compared, glued, shown
 
 BOOK = Path(__file__).resolve().parent.parent / "book"
 CHAPTERS = sorted(BOOK.glob("[0-9][0-9]_*.ipynb"))
@@ -135,6 +135,22 @@ def test_prose_numbers_are_short_phrases_and_read_in_jupyterlab(path):
         stored = {e["expression"]: e["result"]["data"]["text/plain"] for e in cell["metadata"].get("user_expressions", [])}
         assert stored == {n: values.get(n) for n in names}, \
             f"stored prose values differ from the run's (re-run scripts/execute_chapters.py): {source[:80]!r}"
+
+
+WORDS = ("longer than", "about as long as", "shorter than")
+
+
+@pytest.mark.parametrize("a, b, word", [(1.06, 1.0, "longer than"), (1.04, 1.0, "about as long as"),
+                                        (1.0, 1.04, "about as long as"), (1.0, 1.06, "shorter than"),
+                                        (0.0, 0.0, "about as long as")])
+def test_a_measured_comparison_is_worded_with_its_margin(a, b, word):
+    assert compared(a, b, 0.05, WORDS) == word
+
+
+@pytest.mark.parametrize("margin, words", [(-0.1, WORDS), (float("nan"), WORDS), (0.05, WORDS[:2])])
+def test_a_comparison_without_a_margin_or_three_words_is_refused(margin, words):
+    with pytest.raises(ValueError, match="margin >= 0 and three words"):
+        compared(1.0, 1.0, margin, words)
 
 
 def test_regimes_page_keeps_the_budget():

@@ -31,6 +31,15 @@ def prose(**values) -> None:
             shell.user_ns[name] = text
 
 
+def compared(a: float, b: float, margin: float, words: tuple) -> str:
+    """How a compares with b, in words: words[0] if a exceeds b by more than the margin (a fraction), words[2] if
+    b exceeds a by more than it, words[1] between; e.g. compared(t_a, t_b, 0.05, ("longer than", "about as long
+    as", "shorter than")). A measured comparison is worded from the run, never typed."""
+    if not margin >= 0 or len(words) != 3:
+        raise ValueError(f"compared needs a margin >= 0 and three words, got margin={margin!r}, words={words!r}")
+    return words[0] if a > (1 + margin) * b else words[2] if b > (1 + margin) * a else words[1]
+
+
 def glued(nb) -> dict:
     """{name: mime bundle} of every value a notebook's stored run glued (nb: a notebook as a dict)."""
     values = {}
