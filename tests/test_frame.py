@@ -137,17 +137,17 @@ def test_prose_numbers_are_short_phrases_and_read_in_jupyterlab(path):
             f"stored prose values differ from the run's (re-run scripts/execute_chapters.py): {source[:80]!r}"
 
 
-WORDS = ("longer than", "about as long as", "shorter than")
+VERDICTS = ("longer than", "about as long as", "shorter than")
 
 
 @pytest.mark.parametrize("a, b, word", [(1.06, 1.0, "longer than"), (1.04, 1.0, "about as long as"),
                                         (1.0, 1.04, "about as long as"), (1.0, 1.06, "shorter than"),
                                         (0.0, 0.0, "about as long as")])
 def test_a_measured_comparison_is_worded_with_its_margin(a, b, word):
-    assert compared(a, b, 0.05, WORDS) == word
+    assert compared(a, b, 0.05, VERDICTS) == word
 
 
-@pytest.mark.parametrize("margin, words", [(-0.1, WORDS), (float("nan"), WORDS), (0.05, WORDS[:2])])
+@pytest.mark.parametrize("margin, words", [(-0.1, VERDICTS), (float("nan"), VERDICTS), (0.05, VERDICTS[:2])])
 def test_a_comparison_without_a_margin_or_three_words_is_refused(margin, words):
     with pytest.raises(ValueError, match="margin >= 0 and three words"):
         compared(1.0, 1.0, margin, words)
