@@ -121,9 +121,9 @@ def head(params, x):
 # ----------------------------------------------------------------------------- forward passes
 
 def block(params, cfg: ModelConfig, i: int, x, cache=None):
-    """Layer i on the rows x (T, C): x + attention(ln_1(x)), then x + mlp(ln_2(x)). Without a
-    cache the rows are the whole sequence; with one, their K/V are written at positions cache.n..
-    and the queries attend over every position it holds."""
+    """Layer i on the rows x (T, C): x + attention(ln_1(x)), then x + mlp(x), mlp applying ln_2
+    itself. Without a cache the rows are the whole sequence; with one, their K/V are written at
+    positions cache.n.. and the queries attend over every position it holds."""
     p = f"h.{i}."
     T = len(x)
     h = layer_norm(x, params[p + "ln_1.weight"], params[p + "ln_1.bias"])  # (T, C)
