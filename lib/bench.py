@@ -14,6 +14,7 @@ from threadpoolctl import threadpool_info
 
 from lib.book.studies import cachebytes
 from lib.book.studies.load_study import decode_speedup, gpu_ladder, load_study
+from lib.book.studies.roof import decode_seconds, decode_times
 from lib.book.studies.sweep import call_costs, draft_cost_ratio, k_sweep, predictions
 from lib.cache.kv_cache import KVCache
 from lib.corpus import held_out_prompts
@@ -32,10 +33,10 @@ from lib.measure.costmodel import (
     predict_calls,
     predict_decoding,
 )
-from lib.measure.counting import cached_call, numpy_calls_per_step, step_counts
+from lib.measure.counting import numpy_calls_per_step, step_counts
 from lib.measure.standins import STANDINS, StandInStep, standin, weight_bytes
 from lib.model import Model, init_params, load
-from lib.timing import matmul_gflops, median_time, memory_gbps, paired, single_thread
+from lib.timing import matmul_gflops, median_time, memory_gbps, single_thread, warm_up
 
 FUSED_POINT = (16, 1023)  # (batch, context) of the quantized-cache goals: the cache about 4x the weights' bytes
 
@@ -131,19 +132,24 @@ def card_section(out, recalibrate: bool):
 def decode_section(b: Bench) -> list:
     """The target's cached decode step, plain against lean, and its numpy calls."""
     tp, tcfg, machine, out = b.tp, b.tcfg, b.machine, b.out
-    out("cached decode step of the target (ms)     plain     lean   lean/plain (paired)   predicted: plain     lean")
-    for pos in (16, 64, 128, 256, 511):
-        a, c, ratio = paired(cached_call(b.plain_t, tcfg, pos), cached_call(b.lean_t, tcfg, pos))
+    out("cached decode step of the target (ms)     plain     lean   lean/plain (rounds)   predicted: plain     lean")
+    positions = (16, 64, 128, 256, 511)
+    # every step timed in rounds after a warm-up, as the chapters time them (lib.book.studies.roof.decode_times)
+    times = decode_times({(path, pos): (step, tcfg, pos) for pos in positions
+                          for path, step in (("plain", b.plain_t), ("lean", b.lean_t))})
+    for pos in positions:
+        a, c = times["plain", pos], times["lean", pos]
         pa = predict_calls(machine, plain_builder(tcfg), tp, tcfg, pos, (1,), path="plain")[1]
         pb = predict_calls(machine, lean_builder(tcfg), tp, tcfg, pos, (1,), b.lean_t.products)[1]
         b.pred.add("decode step, plain", f"position {pos}", pa.seconds, a, pa)
         b.pred.add("decode step, lean", f"position {pos}", pb.seconds, c, pb)
-        out(f"  position {pos:3d}                         {a * 1e3:7.3f}  {c * 1e3:7.3f}   {ratio:6.2f}"
+        out(f"  position {pos:3d}                         {a * 1e3:7.3f}  {c * 1e3:7.3f}   {c / a:6.2f}"
             f"               {pa.seconds * 1e3:7.3f}  {pb.seconds * 1e3:7.3f}")
     calls_plain = numpy_calls_per_step(lambda p: Model(p, tcfg), tp, tcfg, 128)
     calls_lean = numpy_calls_per_step(lambda p: LeanModel(p, tcfg), tp, tcfg, 128)
     out(f"  numpy calls per step                    {calls_plain:5d}    {calls_lean:5d}")
-    tiny = paired(cached_call(LeanModel(tp, tcfg, "numpy"), tcfg, 128), cached_call(b.lean_t, tcfg, 128))[2]
+    tiny = decode_times({"numpy": (LeanModel(tp, tcfg, "numpy"), tcfg, 128), "measured": (b.lean_t, tcfg, 128)})
+    tiny = tiny["measured"] / tiny["numpy"]
     out(f"  lean step with the measured products vs numpy's products only, position 128: {tiny:.2f}\n")
     return [goal("tiny lean step, measured products / numpy's products only <= 1.05", tiny, tiny <= 1.05),
             goal("numpy calls per lean step <= 150", calls_lean, calls_lean <= 150)]
@@ -221,7 +227,7 @@ def verify_section(b: Bench):
         model = large if name == "12x768" else standin(name)
         p = predict_calls(machine, lean_builder(scfg), init_params(scfg), scfg, 64, (1,), model.products)[1] \
             if name != "12x768" else large_p[1]
-        t = step_large if name == "12x768" else median_time(cached_call(model, scfg, 64), repeats=7, min_seconds=0.02)
+        t = step_large if name == "12x768" else decode_seconds(model, scfg, 64)
         b.pred.add("decode step, stand-ins", name, p.seconds, t, p)
         out(f"    {name:7s} measured {t * 1e3:7.2f}, predicted {p.seconds * 1e3:7.2f}")
     streamed = step_large / (bytes_large / machine.memory_bandwidth)
@@ -321,6 +327,7 @@ def cost_model_section(b: Bench) -> list:
 def run(out=print, recalibrate: bool = False) -> list:
     """Print the benchmark's sections, then every goal; returns the goals."""
     with single_thread():
+        warm_up()
         machine, goals = card_section(out, recalibrate)
         b = Bench(out, machine)
         goals += decode_section(b) + prefill_section(b)

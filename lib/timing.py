@@ -37,6 +37,14 @@ def median_time(fn, repeats: int = 7, warmup: int = 2, min_seconds: float = 0.0)
     return float(np.median(times))
 
 
+def warm_up(seconds: float = 1.0) -> None:
+    """Keep the core busy with small products for `seconds` before anything is timed. A process's first
+    second can run at half speed on a virtual machine (on the book's host a decode step took 0.24 ms in
+    its first half second of looping, 0.14 ms after): the host brings a busy core up to speed."""
+    a = np.ones((128, 128), np.float32)
+    median_time(lambda: a @ a, repeats=1, warmup=0, min_seconds=seconds)
+
+
 def paired_times(baseline, candidate, repeats: int = 3, min_seconds: float = 0.0) -> np.ndarray:
     """Times of baseline and candidate run back to back, `repeats` times: (repeats, 2) seconds.
     Ratios taken row by row are immune to slow drifts of the machine's speed."""

@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from lib.gpu.memory import GPU, H100, UTILIZATION, from_hf_config, kv_budget
+from lib.gpu.memory import GPU, H100, from_hf_config, kv_budget
 from lib.gpu.models import LLAMA_3_8B, REAL_MODELS
 from lib.gpu.published import PUBLISHED, TORCHAO, VLLM_PREFILL
 from lib.gpu.step import (
@@ -76,7 +76,7 @@ def test_the_fitted_clock():
     assert clock([(0, 2000, 0)]) > 2 * clock.decode_step(1, 200)  # a long prompt is compute-bound
     assert clock.prefill_seconds(2000) == pytest.approx(clock([(0, 2000, 0, 1)]))  # logits for its last token
     assert clock.prefill_seconds(2000) < clock([(0, 2000, 0)])  # a row without the field: every token's logits
-    assert clock.blocks() == int(kv_budget(H100, LLAMA_3_8B.weight_bytes(), UTILIZATION) // (16 * 131072))
+    assert clock.blocks() == int(kv_budget(H100, LLAMA_3_8B.weight_bytes()) // (16 * 131072))
 
 
 def test_a_step_reads_and_computes_with_what_its_tokens_use():

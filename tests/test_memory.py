@@ -5,7 +5,7 @@ import pytest
 
 from lib.cache.kv_cache import KVCache
 from lib.config import DRAFT, TARGET, ModelConfig
-from lib.gpu.memory import H100, UTILIZATION, expected_experts, from_hf_config, from_model_config, kv_budget
+from lib.gpu.memory import H100, UTILIZATION, WORKSPACE, expected_experts, from_hf_config, from_model_config, kv_budget
 from lib.gpu.models import LLAMA_2_7B, LLAMA_3_8B, REAL_MODELS
 
 GIB, KIB = 2**30, 2**10
@@ -92,7 +92,8 @@ def test_tensor_parallel_shares():
 
 def test_gpu_budget():
     assert kv_budget(H100, 16e9, 0.9, 2e9) == pytest.approx(81559 * 2**20 * 0.9 - 18e9)
-    assert kv_budget(H100, 16e9) == kv_budget(H100, 16e9, UTILIZATION) and UTILIZATION == 0.9  # vLLM's default
+    assert kv_budget(H100, 16e9) == kv_budget(H100, 16e9, UTILIZATION, WORKSPACE) and UTILIZATION == 0.9  # vLLM's default
+    assert WORKSPACE == 2 * 2**30  # the book's one budget rule (chapter 4)
     assert kv_budget(H100, 100e9) < 0
 
 

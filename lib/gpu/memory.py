@@ -134,10 +134,15 @@ UTILIZATION = 0.9  # the share of GPU memory vLLM's engine may use: gpu_memory_u
 # (vLLM's engine arguments; 0.92 in recent releases): the book's one memory share
 
 
-def kv_budget(gpu: GPU, weight_bytes: float, utilization: float = UTILIZATION, workspace: float = 0.0) -> float:
+WORKSPACE = 2 * 2**30  # bytes an engine is assumed to keep aside for activations and buffers: the book's one
+# budget rule is UTILIZATION of the memory, less the weights, less this (chapter 4 compares it with what vLLM's
+# logs kept aside)
+
+
+def kv_budget(gpu: GPU, weight_bytes: float, utilization: float = UTILIZATION, workspace: float = WORKSPACE) -> float:
     """Bytes left for the KV cache on one GPU: the share of its memory the engine may use, less the
-    weights it holds and the workspace of activations and buffers. Negative when the weights alone
-    do not fit."""
+    weights it holds and the workspace of activations and buffers (by default the book's one rule:
+    UTILIZATION and WORKSPACE). Negative when the weights alone do not fit."""
     return gpu.memory * utilization - weight_bytes - workspace
 
 

@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from lib.gpu.memory import GPU, H100, UTILIZATION, KVSpec, dtype_bytes, kv_budget
+from lib.gpu.memory import GPU, H100, KVSpec, dtype_bytes, kv_budget
 from lib.gpu.models import LLAMA_3_8B
 from lib.gpu.published import PUBLISHED, TORCHAO
 
@@ -135,8 +135,8 @@ class GPUClock:
         return self.breakdown(sum(n for _, n, _, _ in rows), kv, pairs, sum(o for *_, o in rows))["seconds"]
 
     def blocks(self, block_size: int = 16) -> int:
-        """K/V blocks of `block_size` positions in the GPU's memory: vLLM's share of it, less the weights as stored."""
-        free = kv_budget(self.gpu, self.spec.weight_bytes(self.dtype), UTILIZATION)
+        """K/V blocks of `block_size` positions in the GPU's memory: the book's budget rule (`lib.gpu.memory.kv_budget`)."""
+        free = kv_budget(self.gpu, self.spec.weight_bytes(self.dtype))
         return max(int(free // self.spec.kv_bytes(block_size, 1, self.dtype)), 0)
 
     def free(self, key) -> None:

@@ -36,7 +36,7 @@ from lib.measure.counting import cached_call, step_counts
 from lib.measure.machine import cpu_model
 from lib.model import init_params
 from lib.speculative import speculative_generate
-from lib.timing import median_time, single_thread
+from lib.timing import median_time, single_thread, warm_up
 from lib.tokenizer import VOCAB_SIZE
 
 
@@ -178,6 +178,7 @@ def _loop_costs() -> dict:
 def measure() -> Machine:
     """Measure this machine's constants now (one BLAS thread, about ten seconds)."""
     with single_thread():
+        warm_up()  # the first second of a process can run at half speed
         call = _call_cost()
         return Machine(call, _engine_call_costs(), _read_rates(PROBE_SIZES), _product_rates(call),
                        _element_costs(call), cache_sizes(), _loop_costs())

@@ -13,6 +13,8 @@ import platform
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
+from lib.timing import warm_up
+
 
 def cpu_model() -> str:
     """The CPU's model name (from /proc/cpuinfo on Linux, else what the platform reports)."""
@@ -36,6 +38,8 @@ def machine_line() -> str:
 
 
 def setup() -> str:
-    """Limit BLAS to one thread for the rest of the process; return the machine line."""
+    """Limit BLAS to one thread for the rest of the process and bring the core up to speed
+    (`lib.timing.warm_up`); return the machine line."""
     threadpool_limits(1, user_api="blas")
+    warm_up()
     return machine_line()
