@@ -27,7 +27,8 @@ COSTS = [  # (cost, what sets it, colour, techniques acting on it with their cha
      ["fewer, fused calls: the lean path (12)", "CUDA graphs on a GPU: one launch a step (12)"]),
     ("weights' bytes", "every weight, read once per step,\nshared by every token in the step", "#cfe0f3",
      ["batching: more sequences per read (8)", "speculative decoding: more tokens per read (9, 10)",
-      "prefill in one call: one read of the weights for all prompt tokens (2)"]),
+      "prefill in one call: one read of the weights for all prompt tokens (2)",
+      "fewer bits per weight: 4-bit or fp8 weights, fewer bytes per read (11)"]),
     ("K/V bytes", "each sequence's cache at its\ncurrent length, read at every step", "#fbe3c8",
      ["fewer K/V heads: GQA, MQA (5)", "fewer bits per value: KV quantization (7)"]),
     ("FLOPs", f"2 per weight per token, plus attention;\nnearly free on a GPU below a batch of\n~{RIDGE:.0f}, the H100's ridge (regimes page)",
@@ -36,7 +37,8 @@ COSTS = [  # (cost, what sets it, colour, techniques acting on it with their cha
                  "chunked prefill: a prompt's FLOPs spread over steps (8)"]),
 ]
 CAPACITY = ["the KV memory formula on real models (4)", "paged blocks: no reserved waste (6)",
-            "prefix caching: one copy of a shared prompt (3, 6, 8)", "GQA and quantization: more positions per byte (5, 7)"]
+            "prefix caching: one copy of a shared prompt (3, 6, 8)", "GQA and quantization: more positions per byte (5, 7)",
+            "quantized weights: more memory left for the pool (11)"]
 SCHEDULER = ("dashed frame: the scheduler, which picks each step's sequences: continuous batching, "
              "a token budget, chunked prefill, preemption (8); which lever for which symptom (11)")
 
