@@ -33,8 +33,7 @@ COSTS = [  # (cost, what sets it, colour, techniques acting on it with their cha
      ["fewer K/V heads: GQA, MQA (5)", "fewer bits per value: KV quantization (7)"]),
     ("FLOPs", f"2 per weight per token, plus attention;\nnearly free on a GPU below a batch of\n~{RIDGE:.0f}, the H100's ridge (regimes page)",
      "#dcefd9", ["the KV cache: the past is not recomputed (3)",
-                 "prefix caching: a shared prompt is computed once (3, 8)",
-                 "chunked prefill: a prompt's FLOPs spread over steps (8)"]),
+                 "prefix caching: a shared prompt is computed once (3, 8)"]),
 ]
 CAPACITY = ["the KV memory formula on real models (4)", "paged blocks: no reserved waste (6)",
             "prefix caching: one copy of a shared prompt (3, 6, 8)", "GQA and quantization: more positions per byte (5, 7)",
