@@ -109,6 +109,12 @@ class Bench:
         (self.tp, self.tcfg), (self.dp, self.dcfg) = self.target, self.draft
         self.lean_t, self.lean_d = LeanModel(self.tp, self.tcfg), LeanModel(self.dp, self.dcfg)
         self.plain_t = Model(*self.target)
+        self.steps = {}  # (group, label) -> (step, cfg, position): the decode steps timed again at the end
+
+    def decode_point(self, group, label, prediction, seconds, step):
+        """A decode step's prediction against its timing; the step is timed again at the end (`retime_section`)."""
+        self.pred.add(group, label, prediction.seconds, seconds, prediction)
+        self.steps[group, label] = step
 
 
 def card_section(out, recalibrate: bool):
@@ -141,8 +147,8 @@ def decode_section(b: Bench) -> list:
         a, c = times["plain", pos], times["lean", pos]
         pa = predict_calls(machine, plain_builder(tcfg), tp, tcfg, pos, (1,), path="plain")[1]
         pb = predict_calls(machine, lean_builder(tcfg), tp, tcfg, pos, (1,), b.lean_t.products)[1]
-        b.pred.add("decode step, plain", f"position {pos}", pa.seconds, a, pa)
-        b.pred.add("decode step, lean", f"position {pos}", pb.seconds, c, pb)
+        b.decode_point("decode step, plain", f"position {pos}", pa, a, (b.plain_t, tcfg, pos))
+        b.decode_point("decode step, lean", f"position {pos}", pb, c, (b.lean_t, tcfg, pos))
         out(f"  position {pos:3d}                         {a * 1e3:7.3f}  {c * 1e3:7.3f}   {c / a:6.2f}"
             f"               {pa.seconds * 1e3:7.3f}  {pb.seconds * 1e3:7.3f}")
     calls_plain = numpy_calls_per_step(lambda p: Model(p, tcfg), tp, tcfg, 128)
@@ -227,8 +233,12 @@ def verify_section(b: Bench):
         model = large if name == "12x768" else standin(name)
         p = predict_calls(machine, lean_builder(scfg), init_params(scfg), scfg, 64, (1,), model.products)[1] \
             if name != "12x768" else large_p[1]
-        t = step_large if name == "12x768" else decode_seconds(model, scfg, 64)
-        b.pred.add("decode step, stand-ins", name, p.seconds, t, p)
+        if name == "12x768":  # timed with V(T); kept no longer than this section (340 MB)
+            t = step_large
+            b.pred.add("decode step, stand-ins", name, p.seconds, t, p)
+        else:
+            t = decode_seconds(model, scfg, 64)
+            b.decode_point("decode step, stand-ins", name, p, t, (model, scfg, 64))
         out(f"    {name:7s} measured {t * 1e3:7.2f}, predicted {p.seconds * 1e3:7.2f}")
     streamed = step_large / (bytes_large / machine.memory_bandwidth)
     out(f"  12x768 stand-in decode step {step_large * 1e3:.1f} ms for {bytes_large / 1e6:.0f} MB of weights: it streamed "
@@ -306,6 +316,20 @@ def quantized_section(b: Bench) -> list:
                  gap <= 0.2)]
 
 
+def retime_section(b: Bench):
+    """Every decode step held against the cost model timed again, minutes after its first timing, and held
+    to the faster of the two: each timing is already the fastest of its rounds, and a neighbour's busy
+    minute on a shared host (one run's trained-model steps at positions 16 and 64 took 1.5-1.8x those at
+    128 to 511, its 13 MB stand-in 2.1x its prediction) lands on one of them, not on both."""
+    first = {(group, label): m for group, label, _, m, _ in b.pred.points if (group, label) in b.steps}
+    again = decode_times(b.steps)
+    b.out("\ndecode steps timed again at the end of the run, ms (first / again; the cost model is held to the faster)")
+    for group in dict.fromkeys(g for g, _ in b.steps):
+        b.out(f"  {group}: " + ", ".join(f"{label} {first[g, label] * 1e3:.3f} / {again[g, label] * 1e3:.3f}"
+                                          for g, label in b.steps if g == group))
+    b.pred.keep_faster(again)
+
+
 def cost_model_section(b: Bench) -> list:
     """Every prediction of the run against its measurement, and the H100 clock against published measurements."""
     b.pred.report()
@@ -335,6 +359,7 @@ def run(out=print, recalibrate: bool = False) -> list:
         goals += verify_goals + speculative_section(b, costs, predicted, large)
         del costs, predicted, large  # the 340 MB stand-in
         goals += quantized_section(b)
+        retime_section(b)
     goals = cost_model_section(b) + goals + [goal(*g) for g in serving_rows(out)]
     out("goals")
     for text, value, met in goals:

@@ -2,8 +2,8 @@
 machine's copy bandwidth and product rates. It imports nothing of lib, so the fast paths can
 time their candidates with it (`lib.fast.kernels`); counting a step's calls is `lib.measure.counting`.
 
-Timing follows the usual benchmarking rules (warm-up, repeats, median; one BLAS thread so
-runs compare).
+Timing follows the usual benchmarking rules (warm-up, repeats, the median, or the fastest for a fixed
+cost that noise can only lengthen; one BLAS thread so runs compare).
 """
 import time
 from contextlib import contextmanager
@@ -19,9 +19,9 @@ def single_thread():
         yield
 
 
-def median_time(fn, repeats: int = 7, warmup: int = 2, min_seconds: float = 0.0) -> float:
-    """Median wall time of fn() in seconds, after warm-up calls. With min_seconds, each repeat
-    loops fn until that much time has passed and reports the time per call."""
+def _repeat_times(fn, repeats: int = 7, warmup: int = 2, min_seconds: float = 0.0) -> list:
+    """Wall times of fn() in seconds, one per repeat, after warm-up calls. With min_seconds, each
+    repeat loops fn until that much time has passed and reports the time per call."""
     for _ in range(warmup):
         fn()
     times = []
@@ -34,7 +34,18 @@ def median_time(fn, repeats: int = 7, warmup: int = 2, min_seconds: float = 0.0)
             if elapsed >= min_seconds:
                 break
         times.append(elapsed / n)
-    return float(np.median(times))
+    return times
+
+
+def median_time(fn, repeats: int = 7, warmup: int = 2, min_seconds: float = 0.0) -> float:
+    """Median wall time of fn() in seconds over `repeats` (`_repeat_times`)."""
+    return float(np.median(_repeat_times(fn, repeats, warmup, min_seconds)))
+
+
+def fastest_time(fn, repeats: int = 7, warmup: int = 2, min_seconds: float = 0.0) -> float:
+    """Fastest wall time of fn() in seconds over `repeats` (`_repeat_times`): for a fixed cost such as a
+    call's, which a busy moment of a shared host can only lengthen."""
+    return float(min(_repeat_times(fn, repeats, warmup, min_seconds)))
 
 
 def warm_up(seconds: float = 1.0) -> None:

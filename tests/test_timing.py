@@ -2,11 +2,12 @@
 import numpy as np
 from conftest import perturbed_params
 
+import lib.timing
 from lib.cache.kv_cache import KVCache
 from lib.config import TARGET
 from lib.measure.counting import count_ops, numpy_calls_per_step, step_counts
 from lib.model import forward_cached
-from lib.timing import interleaved_speedups, median_time, paired
+from lib.timing import fastest_time, interleaved_speedups, median_time, paired
 
 
 def test_matmul_flops_and_bytes_come_from_the_shapes():
@@ -37,6 +38,15 @@ def test_median_time_is_positive_and_loops_short_calls():
     calls = []
     t = median_time(lambda: calls.append(1), repeats=3, warmup=1, min_seconds=0.001)
     assert t > 0 and len(calls) > 4
+
+
+def test_fastest_time_keeps_the_fastest_repeat_and_median_time_the_median(monkeypatch):
+    def clock(*ticks):  # three repeats of one call each, taking 3, 1 and 2 seconds
+        monkeypatch.setattr(lib.timing.time, "perf_counter", iter(ticks).__next__)
+    clock(0, 3, 10, 11, 20, 22)
+    assert fastest_time(lambda: None, repeats=3, warmup=0) == 1
+    clock(0, 3, 10, 11, 20, 22)
+    assert median_time(lambda: None, repeats=3, warmup=0) == 2
 
 
 def test_every_call_is_kept_as_an_op_with_what_a_cost_model_needs():
