@@ -20,6 +20,7 @@ WIDTH = 7.0  # inches: the book's column at 1280 px shows it at about its own si
 LINE = 0.19  # inches per line of 9.5-point text
 FIX_CHARS = 44  # characters per line of a technique beside its box
 PANEL = 2.9  # inches: the memory panel
+HEAD = 1.95  # inches above the first cost box: the scheduler note, the title and the three-line formula
 SMALL, BODY, NAME, TITLE = 9.5, 10.5, 12, 13  # points
 RIDGE = round(H100.flops / H100.bandwidth, -2)  # FLOP per byte: a bf16 batch of B does B, so the batch it turns at
 COSTS = [  # (cost, what sets it, colour, techniques acting on it with their chapters)
@@ -100,7 +101,7 @@ def memory_panel(ax, top: float) -> float:
 
 
 def draw():
-    total = 1.75 + sum(row_height(fixes) for *_, fixes in COSTS) + 0.15 * len(COSTS) + PANEL + 0.55
+    total = HEAD + sum(row_height(fixes) for *_, fixes in COSTS) + 0.15 * len(COSTS) + PANEL + 0.55
     fig = plt.figure(figsize=(WIDTH, total))
     ax = fig.add_axes((0, 0, 1, 1))
     ax.set_axis_off()
@@ -110,8 +111,10 @@ def draw():
     ax.text(0.2, total - 0.2, wrap(SCHEDULER, 92), fontsize=SMALL, color="0.25", va="top", style="italic")
     ax.text(0.3, total - 0.78, "one decode step: one new token for each sequence", fontsize=TITLE, weight="bold", va="top")
     ax.text(0.3, total - 1.15, "simplified: time ≈ calls x overhead\n"
-            "                   + max(bytes / bandwidth, FLOPs / peak FLOP/s)", fontsize=BODY, color="0.25", va="top")
-    top = total - 1.75
+            "                   + max(weight bytes / bandwidth, FLOPs / peak FLOP/s)\n"
+            "                   + K/V bytes / bandwidth   (batching shares the weights, not the K/V)",
+            fontsize=BODY, color="0.25", va="top")
+    top = total - HEAD
     for cost in COSTS:
         top -= cost_row(ax, top, *cost) + 0.15
     top -= memory_panel(ax, top)
