@@ -13,7 +13,7 @@ import numpy as np
 from threadpoolctl import threadpool_info
 
 from lib.book.studies import cachebytes
-from lib.book.studies.load_study import decode_speedup, gpu_ladder, load_study
+from lib.book.studies.load_study import serving_rows
 from lib.book.studies.roof import decode_seconds, decode_times
 from lib.book.studies.sweep import call_costs, draft_cost_ratio, k_sweep, predictions
 from lib.cache.kv_cache import KVCache
@@ -23,7 +23,6 @@ from lib.fast.lean import LeanModel
 from lib.generation import generate
 from lib.gpu.step import validation
 from lib.measure.card import calibrate, card_path, load_card
-from lib.measure.clocks import fit_clock
 from lib.measure.costmodel import (
     Predictions,
     card_constants,
@@ -39,43 +38,6 @@ from lib.model import Model, init_params, load
 from lib.timing import matmul_gflops, median_time, memory_gbps, single_thread, warm_up
 
 FUSED_POINT = (16, 1023)  # (batch, context) of the quantized-cache goals: the cache about 4x the weights' bytes
-
-
-def serving_rows(out=print):
-    """The serving lines of `python -m lib.bench`: batched decode of the trained target and of the
-    12x768 stand-in, then `lib.book.studies.load_study.load_study`; returns the goals as (text, value, met)."""
-    target, draft = load("target"), load("draft")
-    lean = LeanModel(*target)
-    positions = np.random.default_rng(0).integers(16, 129, 32)  # cached tokens of each sequence
-    with single_thread():
-        out("batched decode of the target, lean, B sequences at positions 16..128 (paired with each alone)")
-        for B in (1, 4, 16, 32):
-            alone, batched, gain = decode_speedup(lean, positions[:B])
-            out(f"  B = {B:2d}: alone {alone * 1e3:6.2f} ms, batched {batched * 1e3:6.2f} ms per step, "
-                f"{B / batched:7.0f} tokens/s, {gain:.2f}x")
-        chunks = (4, 16, 64, 256)
-        big_clock = fit_clock(standin("12x768"), positions, chunks=chunks, repeats=3)
-        small_clock = fit_clock(standin("4x256"), positions, chunks=chunks, repeats=3)
-        big = dict(big_clock.decode_times)
-        out("12x768 stand-in, batched decode: " + ", ".join(f"B = {B}: {t * 1e3:.0f} ms" for B, t in big.items()))
-        study = load_study(target, draft, big_clock, small_clock, out=out)
-        on_gpu = gpu_ladder(out=out)
-    big16 = 16 * big[1] / big[16]
-    orca = study["good"]["Orca"] / max(study["good"]["static"], 1e-9)
-    orca_gpu = on_gpu["Orca"] / max(on_gpu["static"], 1e-9)
-    measured, predicted = study["crossover"]
-    gap = abs(measured / predicted - 1) if np.isfinite(measured / predicted) else float("inf")
-    return [("12x768 stand-in: batched decode, B = 16 >= 5 x the tokens/s of B = 1", big16, big16 >= 5),
-            ("stand-in cost: continuous batching's (Orca's) goodput >= 2 x static's, at static's best rate", orca,
-             orca >= 2),
-            ("H100 clock, long requests at vLLM's caps: continuous batching's (Orca's) goodput >= 1.5 x static's",
-             orca_gpu, orca_gpu >= 1.5),
-            ("stand-in cost: speculative in the batch, TPOT p50 >= 1.3 x better at the lowest rate",
-             study["gains"][0], study["gains"][0] >= 1.3),
-            ("... measured crossover rate within 25% of the predicted one (|gap|; inf: none measured)", gap,
-             gap <= 0.25),
-            ("served tokens equal solo decoding, no block leaked, every run (1 = yes)", float(study["exact"]),
-             study["exact"])]
 
 
 def _product_times(C, rows=(2, 5, 9)):

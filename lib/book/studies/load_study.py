@@ -3,7 +3,8 @@ clock, 1,000 requests per rate and several seeds through `lib.serve.replay` (eac
 once by the trained model; the H100 clock's ladder is `lib.book.studies.long_ladder`), and
 speculative decoding inside the batch below saturation, with the crossover its queueing model
 predicts (`lib.measure.clocks.crossover_rate`). Every served token is checked against decoding
-the request alone, and every pool against leaked blocks.
+the request alone, and every pool against leaked blocks. `serving_rows` prints these, with batched
+decoding beside them, as the serving lines of `python -m lib.bench`.
 
 Goodput and the SLO-capacity rate follow DistServe (Zhong et al. 2024).
 """
@@ -14,13 +15,15 @@ from lib.corpus import load_corpus
 from lib.generation import generate
 from lib.fast.lean import LeanModel
 from lib.gpu.step import gpu_clock
-from lib.measure.clocks import crossing, crossover_rate
+from lib.measure.clocks import crossing, crossover_rate, fit_clock
 from lib.measure.counting import batched_call, cached_call
+from lib.measure.standins import standin
+from lib.model import load
 from lib.book.studies.long_ladder import LONG_RATE, LONG_SLO, LONG_TRACE, long_runs, vllm_ladder
 from lib.book.studies.sweep import acceptance_on_text
 from lib.serve import LADDER, make_trace, serve
 from lib.serve.replay import Replay, completions
-from lib.timing import paired
+from lib.timing import paired, single_thread
 
 
 def decode_speedup(lean, positions, repeats: int = 9):
@@ -158,3 +161,40 @@ def load_study(target, draft, big_clock, small_clock, k: int = 4, out=print) -> 
         + "; mean: " + ", ".join(f"{g:.2f}x" for g in means))
     out(f"  crossover on the mean: measured {measured:.2f}, predicted {predicted:.2f} requests/s (alpha {alpha:.2f})")
     return dict(good=good, gains=gains, crossover=(measured, predicted), exact=exact)
+
+
+def serving_rows(out=print):
+    """The serving lines of `python -m lib.bench`: batched decode of the trained target and of the
+    12x768 stand-in, then `lib.book.studies.load_study.load_study`; returns the goals as (text, value, met)."""
+    target, draft = load("target"), load("draft")
+    lean = LeanModel(*target)
+    positions = np.random.default_rng(0).integers(16, 129, 32)  # cached tokens of each sequence
+    with single_thread():
+        out("batched decode of the target, lean, B sequences at positions 16..128 (paired with each alone)")
+        for B in (1, 4, 16, 32):
+            alone, batched, gain = decode_speedup(lean, positions[:B])
+            out(f"  B = {B:2d}: alone {alone * 1e3:6.2f} ms, batched {batched * 1e3:6.2f} ms per step, "
+                f"{B / batched:7.0f} tokens/s, {gain:.2f}x")
+        chunks = (4, 16, 64, 256)
+        big_clock = fit_clock(standin("12x768"), positions, chunks=chunks, repeats=3)
+        small_clock = fit_clock(standin("4x256"), positions, chunks=chunks, repeats=3)
+        big = dict(big_clock.decode_times)
+        out("12x768 stand-in, batched decode: " + ", ".join(f"B = {B}: {t * 1e3:.0f} ms" for B, t in big.items()))
+        study = load_study(target, draft, big_clock, small_clock, out=out)
+        on_gpu = gpu_ladder(out=out)
+    big16 = 16 * big[1] / big[16]
+    orca = study["good"]["Orca"] / max(study["good"]["static"], 1e-9)
+    orca_gpu = on_gpu["Orca"] / max(on_gpu["static"], 1e-9)
+    measured, predicted = study["crossover"]
+    gap = abs(measured / predicted - 1) if np.isfinite(measured / predicted) else float("inf")
+    return [("12x768 stand-in: batched decode, B = 16 >= 5 x the tokens/s of B = 1", big16, big16 >= 5),
+            ("stand-in cost: continuous batching's (Orca's) goodput >= 2 x static's, at static's best rate", orca,
+             orca >= 2),
+            ("H100 clock, long requests at vLLM's caps: continuous batching's (Orca's) goodput >= 1.5 x static's",
+             orca_gpu, orca_gpu >= 1.5),
+            ("stand-in cost: speculative in the batch, TPOT p50 >= 1.3 x better at the lowest rate",
+             study["gains"][0], study["gains"][0] >= 1.3),
+            ("... measured crossover rate within 25% of the predicted one (|gap|; inf: none measured)", gap,
+             gap <= 0.25),
+            ("served tokens equal solo decoding, no block leaked, every run (1 = yes)", float(study["exact"]),
+             study["exact"])]
