@@ -13,7 +13,9 @@ pairwise summation was measured at 12 to 23 GB/s on a machine whose decode step 
 """
 import numpy as np
 
+from lib.book.prose import compared
 from lib.measure.counting import cached_call
+from lib.measure.standins import weight_bytes
 from lib.timing import median_time, single_thread
 
 STREAM_BYTES = 2**29  # 512 MiB: beyond the last-level caches of CPUs of this kind (32 to 480 MiB)
@@ -27,19 +29,51 @@ def streaming_read(nbytes: int = STREAM_BYTES, repeats: int = 5) -> float:
         return a.nbytes / median_time(lambda: a.dot(a), repeats=repeats, warmup=1)
 
 
-def decode_times(steps: dict, repeats: int = 7, loop_seconds: float = 0.05, warmup_seconds: float = 0.5) -> dict:
-    """{name: seconds of one decode step} for steps {name: (step, cfg, position)}: each step (a function of
-    (new_tokens, cache); its model's config `cfg`) after `position` cached tokens, the fastest of `repeats`
-    timings, each looping the step for `loop_seconds` (a 0.1 ms step is too short to time alone). The
-    timings are taken in rounds, one of every step per round, so a slow second of the machine lands on
-    one round of each step rather than on every timing of one; the fastest is the least disturbed. Each
-    step first runs for `warmup_seconds`: a fresh step's first fraction of a second runs slow."""
+def decode_rounds(steps: dict, repeats: int = 7, loop_seconds: float = 0.05, warmup_seconds: float = 0.5) -> dict:
+    """{name: [seconds of one decode step, one per round]} for steps {name: (step, cfg, position)}: each step
+    (a function of (new_tokens, cache); its model's config `cfg`) after `position` cached tokens, timed in
+    `repeats` rounds, each timing looping the step for `loop_seconds` (a 0.1 ms step is too short to time
+    alone). One of every step per round, so a slow second of the machine lands on one round of each step
+    rather than on every timing of one. Each step first runs for `warmup_seconds`: a fresh step's first
+    fraction of a second runs slow."""
     calls = {name: cached_call(step, cfg, position) for name, (step, cfg, position) in steps.items()}
     for call in calls.values():
         median_time(call, repeats=1, warmup=0, min_seconds=warmup_seconds)
     rounds = [{name: median_time(call, repeats=1, warmup=0, min_seconds=loop_seconds) for name, call in calls.items()}
               for _ in range(repeats)]
-    return {name: min(r[name] for r in rounds) for name in calls}
+    return {name: [r[name] for r in rounds] for name in calls}
+
+
+def decode_times(steps: dict, repeats: int = 7, loop_seconds: float = 0.05, warmup_seconds: float = 0.5) -> dict:
+    """{name: seconds of one decode step} for steps {name: (step, cfg, position)}, timed as `decode_rounds`
+    times them: the fastest round, the least disturbed."""
+    return {name: min(r) for name, r in decode_rounds(steps, repeats, loop_seconds, warmup_seconds).items()}
+
+
+def read_rates(models: dict, position: int = 64, repeats: int = 9) -> dict:
+    """How fast each model's decode step reads its weights, with its spread: {name: {"bytes": weight bytes,
+    "seconds": the fastest round's step (as `decode_times`), "median", "low", "high": bytes/s of the median
+    round and of the rounds at the first and third quartiles}} for models {name: LeanModel}, all timed
+    together in `repeats` interleaved rounds (`decode_rounds`) after `position` cached tokens. The regimes
+    page and chapter 2 report the stand-ins' rates through it, so their numbers differ only by their runs."""
+    rounds = decode_rounds({name: (m, m.cfg, position) for name, m in models.items()}, repeats)
+    out = {}
+    for name, seconds in rounds.items():
+        nbytes = weight_bytes(models[name])
+        rates = nbytes / np.array(seconds)
+        out[name] = {"bytes": nbytes, "seconds": min(seconds), "median": float(np.median(rates)),
+                     "low": float(np.percentile(rates, 25)), "high": float(np.percentile(rates, 75))}
+    return out
+
+
+def slowest(rates: dict) -> str | None:
+    """The name in `rates` (from `read_rates`) whose median read rate is the lowest, if `compared` puts the next
+    lowest median above it by more than the wider of the two spreads (each its quartiles' gap over its median);
+    else None: they read at about the same rate."""
+    low, next_low = sorted(rates, key=lambda n: rates[n]["median"])[:2]
+    margin = max((rates[n]["high"] - rates[n]["low"]) / rates[n]["median"] for n in (low, next_low))
+    apart = compared(rates[next_low]["median"], rates[low]["median"], margin, ("apart", "within", "within"))
+    return low if apart == "apart" else None
 
 
 def decode_seconds(step, cfg, position: int = 64, repeats: int = 7) -> float:
