@@ -92,3 +92,57 @@ VLLM_DYNAMIC_SD = Published(
     "(chapter 9)", k=3)
 
 PUBLISHED = (TORCHAO, SGLANG, VLLM_DECODE, LOGINET, VLLM_PREFILL, VLLM_DYNAMIC_SD)
+
+
+@dataclass(frozen=True)
+class MemoryLog:
+    """An engine's start-up log of the memory it keeps for the KV cache on one GPU, as its source gives
+    it (GiB as the log prints them): chapter 4 holds the KV formula and the book's budget rule to it. A
+    memory record, not a timing: the clock's checks (`PUBLISHED`) do not use it."""
+    name: str
+    source: str  # title, and where in it
+    url: str
+    date: str
+    setup: str  # model, GPU, TP, share, as the source gives them ("" parts: not stated)
+    figure: str  # the source's figure, quoted
+    kv_gib: float  # GiB per GPU for the cache
+    tokens: int = 0  # the cache's capacity in tokens, where logged
+    tp: int = 1  # GPUs under tensor parallelism
+    gpu: str = ""  # the GPU, where the source names it
+    total_gib: float = 0.0  # the CUDA runtime's total memory, where logged
+    weights_gib: float = 0.0  # the weights, where logged
+    non_torch_gib: float = 0.0  # memory allocated outside PyTorch (the CUDA context, NCCL's buffers)
+    activations_gib: float = 0.0  # the profiling pass's activation peak
+
+
+LMCACHE_FAQ = "https://github.com/LMCache/LMCache/pull/1769/files"
+LMCACHE_SOURCE = ("LMCache docs, FAQ, table 'KV Cache Sizes for Popular Models' (added in LMCache PR 1769; the "
+                  "current FAQ no longer holds it; it names no engine, its 16-token multiples and GiB units "
+                  "suggest vLLM's log)")
+
+LMCACHE_QWEN3_8B = MemoryLog(
+    "Qwen3-8B, one GPU", LMCACHE_SOURCE, LMCACHE_FAQ, "2025",
+    "Qwen3-8B, bf16, TP 1; the GPU, the engine's version and its memory share not stated",
+    "Qwen3-8B: 50.32 GiB, 366,400 tokens", 50.32, 366_400)
+
+LMCACHE_QWEN3_32B = MemoryLog(
+    "Qwen3-32B, TP 2", LMCACHE_SOURCE, LMCACHE_FAQ, "2025",
+    "Qwen3-32B, bf16, TP 2 on H100s; the engine's version and its memory share not stated",
+    "Qwen3-32B (TP 2, H100): 33.66 GiB, 275,760 tokens", 33.66, 275_760, tp=2, gpu="H100")
+
+LMCACHE_LLAMA_70B = MemoryLog(
+    "Llama-3.1-70B, TP 4", LMCACHE_SOURCE, LMCACHE_FAQ, "2025",
+    "Llama-3.1-70B, bf16, TP 4 on H100s; the engine's version and its memory share not stated",
+    "Llama-3.1-70B (TP 4, H100): 32.06 GiB, 420,208 tokens", 32.06, 420_208, tp=4, gpu="H100")
+
+VLLM_PROFILE = MemoryLog(
+    "vLLM's memory profile, Llama-3-8B", "vLLM PR 10511 ('[core] overhaul memory profiling and fix backward "
+    "compatibility'), youkaichao's sanity-check comment, `vllm serve meta-llama/Meta-Llama-3-8B`",
+    "https://github.com/vllm-project/vllm/pull/10511", "2024-12-13",
+    "Meta-Llama-3-8B, bf16, TP 1, gpu_memory_utilization 0.90; the GPU not named (the total is an 80 GB "
+    "H100's: vLLM PR 12126 logs the same total on one); before v0.21, so no CUDA graphs counted",
+    "total_gpu_memory 79.22GiB, model weights take 14.96GiB, non_torch_memory 1.79GiB, PyTorch activation "
+    "peak memory 1.26GiB, available_kv_cache_memory 53.29GiB (non_torch_memory 3.58GiB at -tp 2)",
+    53.29, total_gib=79.22, weights_gib=14.96, non_torch_gib=1.79, activations_gib=1.26)
+
+MEMORY_LOGS = (LMCACHE_QWEN3_8B, LMCACHE_QWEN3_32B, LMCACHE_LLAMA_70B)  # the capacities: GiB and tokens
