@@ -37,6 +37,49 @@ def step_distribution(p, q) -> np.ndarray:
     return accepted + (1.0 - accepted.sum()) * residual(p, q)
 
 
+def step_parts(p, q) -> tuple:
+    """One accept/reject step split by path: (accepted min(p, q), replaced after a rejection), each (V,).
+    Their sum is step_distribution(p, q)."""
+    accepted = np.minimum(p, q)  # (V,)
+    return accepted, (1.0 - accepted.sum()) * residual(p, q)
+
+
+def emitted_distribution(p_next, q_next, sequences, k: int, parts=step_parts) -> np.ndarray:
+    """The exact probability that speculative_generate (fixed k, temperature 1) emits each of
+    `sequences` (tuples of n tokens), when each drafted position is judged by `parts`.
+
+    p_next(seq), q_next(seq): the target's and the draft's next-token distribution after the
+    emitted tuple seq, (V,). parts(p, q) -> (accepted, replaced), each (V,): a drafted position's
+    output, split by path (step_parts is Leviathan et al.'s rule; a bug that breaks (H1) or (H2)
+    passes its own). A token's law given the history then depends only on the emitted prefix and
+    its place in the round (drafted, or the bonus token from p), so the chain rule over (prefix,
+    place) gives the joint; with step_parts it is the target's own (the lemma of chapter 9).
+    Only prefixes of `sequences` are followed. Returns (len(sequences),)."""
+    n = len(sequences[0])
+    wanted = {tuple(seq[:i]) for seq in sequences for i in range(n + 1)}
+    level = {((), 0, min(k, n)): 1.0}  # (emitted, place in the round, drafts this round): probability
+    for _ in range(n):
+        after = {}
+        for (seq, place, drafted), mass in level.items():
+            p = p_next(seq)  # (V,)
+            if place < drafted:  # a drafted position: accepted, the round goes on; replaced, it ends
+                accepted, replaced = parts(p, q_next(seq))
+                moves = [(accepted, place + 1), (replaced, None)]
+            else:  # the bonus token, drawn from p; the round ends
+                moves = [(p, None)]
+            for dist, nxt in moves:
+                for a in np.flatnonzero(dist > 0):
+                    grown = seq + (int(a),)
+                    if grown in wanted:
+                        state = (grown, nxt, drafted) if nxt is not None else (grown, 0, min(k, n - len(grown)))
+                        after[state] = after.get(state, 0.0) + mass * dist[a]
+        level = after
+    probs = dict.fromkeys((tuple(seq) for seq in sequences), 0.0)
+    for (seq, _, _), mass in level.items():
+        probs[seq] += mass
+    return np.array([probs[tuple(seq)] for seq in sequences])
+
+
 def accept_or_resample(p, q, x: int, rng: np.random.Generator):
     """Judge drafted token x ~ q against the target's p: (True, x) or (False, token from the residual)."""
     if rng.random() < min(1.0, p[x] / q[x]):  # with probability min(1, p/q)
