@@ -52,16 +52,18 @@ def decode_times(steps: dict, repeats: int = 7, loop_seconds: float = 0.05, warm
 
 def read_rates(models: dict, position: int = 64, repeats: int = 9) -> dict:
     """How fast each model's decode step reads its weights, with its spread: {name: {"bytes": weight bytes,
-    "seconds": the fastest round's step (as `decode_times`), "median", "low", "high": bytes/s of the median
-    round and of the rounds at the first and third quartiles}} for models {name: LeanModel}, all timed
-    together in `repeats` interleaved rounds (`decode_rounds`) after `position` cached tokens. The regimes
-    page and chapter 2 report the stand-ins' rates through it, so their numbers differ only by their runs."""
+    "seconds": the fastest round's step (as `decode_times`), "rate": bytes/s of that fastest round (bytes /
+    seconds), "median", "low", "high": bytes/s of the median round and of the rounds at the first and third
+    quartiles}} for models {name: LeanModel}, all timed together in `repeats` interleaved rounds
+    (`decode_rounds`) after `position` cached tokens. The regimes page and chapter 2 report the stand-ins'
+    rates through it, so their numbers differ only by their runs: a step's time and its rate from the fastest
+    round (the book's step rule), the median and quartiles for comparing rates (`slowest`)."""
     rounds = decode_rounds({name: (m, m.cfg, position) for name, m in models.items()}, repeats)
     out = {}
     for name, seconds in rounds.items():
         nbytes = weight_bytes(models[name])
         rates = nbytes / np.array(seconds)
-        out[name] = {"bytes": nbytes, "seconds": min(seconds), "median": float(np.median(rates)),
+        out[name] = {"bytes": nbytes, "seconds": min(seconds), "rate": nbytes / min(seconds), "median": float(np.median(rates)),
                      "low": float(np.percentile(rates, 25)), "high": float(np.percentile(rates, 75))}
     return out
 
