@@ -74,3 +74,46 @@ def generations(target, draft, prompt, n_chars, k, n, index, drafter=lib.specula
             counts[index.get(tuple(int(t) for t in out), -1)] += 1
             rounds[stats.rounds] += 1
     return counts, rounds
+
+
+def processed(temperature, top_k):
+    """A request's logits processing: the softmax at `temperature`, then top-k (the top_k likeliest
+    tokens kept, renormalized). Returns probs(logits, ignored=None) -> (..., V), called as
+    lib.sampling.probs_from_logits is; the request's temperature replaces the one passed."""
+    def probs(logits, _temperature=None):
+        p = probs_from_logits(logits, temperature)  # (..., V)
+        kth = np.sort(p, axis=-1)[..., -top_k, None]  # (..., 1): the top_k-th largest probability
+        kept = np.where(p >= kth, p, 0.0)
+        return kept / kept.sum(axis=-1, keepdims=True)
+    return probs
+
+
+def joint_from(p_next, n_chars, min_prob):
+    """{tokens: exact probability} of every n_chars-token continuation at least min_prob likely,
+    p_next(seq) being the next-token distribution (V,) after the emitted tuple seq: `continuations`
+    for any distribution (processed logits, for one)."""
+    out, todo = {}, [((), 1.0)]
+    while todo:
+        seq, prob = todo.pop()
+        if len(seq) == n_chars:
+            out[seq] = prob
+            continue
+        p = p_next(seq)  # (V,)
+        todo += [(seq + (int(a),), prob * p[a]) for a in np.flatnonzero(prob * p >= min_prob)]
+    return dict(sorted(out.items()))
+
+
+def generations_with(target, draft, prompt, n_chars, k, n, index, temperature=1.0, dynamic=False, probs=None,
+                     drafter=lib.speculative.ModelDrafter):
+    """`generations` with the request's temperature, an adaptive k (`dynamic`) and, if given, `probs`
+    in place of probs_from_logits for both models (a drafter class may process its own q apart).
+    Returns outcome counts (outcomes + 1,) and each generation's SpecStats, seeds 0..n-1."""
+    counts, stats = np.zeros(len(index) + 1), []
+    with patched(lib.speculative, "ModelDrafter", drafter), \
+            patched(lib.speculative, "probs_from_logits", probs or lib.speculative.probs_from_logits):
+        for seed in range(n):
+            out, s = lib.speculative.speculative_generate(target, draft, prompt, n_chars, k=k, temperature=temperature,
+                                                          seed=seed, dynamic=dynamic)
+            counts[index.get(tuple(int(t) for t in out), -1)] += 1
+            stats.append(s)
+    return counts, stats
