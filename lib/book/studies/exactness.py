@@ -38,15 +38,7 @@ def continuations(model, prefix, n_chars, min_prob):
     """{tokens: exact probability} of every n_chars-character continuation of prefix at least
     min_prob likely, from the model's forward passes (a continuation's prefixes are at least as
     likely, so a prefix below min_prob is not extended)."""
-    out, todo = {}, [((), 1.0)]
-    while todo:
-        seq, prob = todo.pop()
-        if len(seq) == n_chars:
-            out[seq] = prob
-            continue
-        p = next_probs(model, prefix + lib.decode(list(seq)))  # (V,)
-        todo += [(seq + (int(a),), prob * p[a]) for a in np.flatnonzero(prob * p >= min_prob)]
-    return dict(sorted(out.items()))
+    return joint_from(lambda seq: next_probs(model, prefix + lib.decode(list(seq))), n_chars, min_prob)
 
 
 def outcomes(joint):
