@@ -81,3 +81,19 @@ def test_only_the_sequences_asked_for_are_followed():
     joint = emitted_distribution(p_next, Q.get, asked, 2, step_parts)
     assert seen <= {seq[:i] for seq in asked for i in range(N)}
     np.testing.assert_allclose(joint, emitted_distribution(P.get, Q.get, ALL, 2)[:5], atol=1e-15)
+
+
+@pytest.mark.parametrize("temperature,top_k", [(1.0, 4), (0.7, 2), (1.3, 1)])
+def test_processed_keeps_top_k_at_the_temperature_and_joint_from_sums_the_processed_joint(temperature, top_k):
+    """chapter 9's (H0) reference: top-k keeps the k likeliest tokens of the tempered softmax,
+    renormalized; joint_from over it with no cut-off is a distribution over all N-token tuples."""
+    from lib.book.studies.exactness import joint_from, processed
+    from lib.sampling import probs_from_logits
+    logits = np.random.default_rng(0).normal(size=(3, V))
+    probs = processed(temperature, top_k)(logits, 99.0)  # the passed temperature is ignored
+    tempered = probs_from_logits(logits, temperature)
+    assert np.allclose(probs.sum(axis=-1), 1.0) and ((probs > 0).sum(axis=-1) == top_k).all()
+    kept = probs > 0
+    assert np.allclose(probs[kept], (tempered * kept / (tempered * kept).sum(-1, keepdims=True))[kept])
+    joint = joint_from(lambda seq: P[seq] if len(seq) < N else None, N, 0.0)
+    assert len(joint) == V**N and np.isclose(sum(joint.values()), 1.0)
