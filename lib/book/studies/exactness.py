@@ -58,14 +58,8 @@ def threshold_for(exact, n, delta):
 def generations(target, draft, prompt, n_chars, k, n, index, drafter=lib.speculative.ModelDrafter):
     """Outcome counts (outcomes + 1,) and round counts of n generations of n_chars tokens after
     prompt, seeds 0..n-1, drafting with the class `drafter` (any ModelDrafter)."""
-    counts, rounds = np.zeros(len(index) + 1), np.zeros(n_chars + 1, int)
-    with patched(lib.speculative, "ModelDrafter", drafter):  # the class speculative_generate drafts with
-        for seed in range(n):
-            out, stats = lib.speculative.speculative_generate(target, draft, prompt, n_chars, k=k,
-                                                              temperature=1.0, seed=seed)
-            counts[index.get(tuple(int(t) for t in out), -1)] += 1
-            rounds[stats.rounds] += 1
-    return counts, rounds
+    counts, stats = generations_with(target, draft, prompt, n_chars, k, n, index, drafter=drafter)
+    return counts, np.bincount([s.rounds for s in stats], minlength=n_chars + 1)
 
 
 def processed(temperature, top_k):
