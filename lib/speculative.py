@@ -33,8 +33,8 @@ def step_distribution(p, q) -> np.ndarray:
     Equals p: accepted mass min(p, q), plus rejected mass sum(max(0, q - p)) = sum(max(0, p - q))
     times the residual max(0, p - q) / sum(max(0, p - q)).
     """
-    accepted = np.minimum(p, q)  # (V,)
-    return accepted + (1.0 - accepted.sum()) * residual(p, q)
+    accepted, replaced = step_parts(p, q)  # (V,) each
+    return accepted + replaced
 
 
 def step_parts(p, q) -> tuple:
