@@ -146,3 +146,30 @@ VLLM_PROFILE = MemoryLog(
     53.29, total_gib=79.22, weights_gib=14.96, non_torch_gib=1.79, activations_gib=1.26)
 
 MEMORY_LOGS = (LMCACHE_QWEN3_8B, LMCACHE_QWEN3_32B, LMCACHE_LLAMA_70B)  # the capacities: GiB and tokens
+
+
+@dataclass(frozen=True)
+class GraphTiming:
+    """An engine's published decode rate at batch 1 without and with CUDA graphs, as its source gives it: chapters 11
+    and 12 quote it. Another model and GPU than the records above: the clock's checks (`PUBLISHED`) do not use it."""
+    name: str
+    source: str  # title, and where in it
+    url: str
+    date: str
+    setup: str  # GPU, model, quantization, engine, batch, as the source gives them
+    figure: str  # the source's figure, quoted
+    eager: float  # tokens/s without CUDA graphs
+    graphs: float  # tokens/s with them
+
+    @property
+    def speedup(self) -> float:
+        """Seconds per token without graphs over with them."""
+        return self.graphs / self.eager
+
+
+LLAMA_CPP_GRAPHS_H100 = GraphTiming(
+    "llama.cpp CUDA graphs, H100-PCIe", "llama.cpp issue 6763, 'New optimization from NVIDIA to use CUDA Graphs in "
+    "llama.cpp' (Alan Gray, NVIDIA)", "https://github.com/ggml-org/llama.cpp/issues/6763", "2024-04-19",
+    "H100-PCIe, llama-2-7b.Q4_K_M (4-bit), llama.cpp with --n-gpu-layers 100 -n 128, batch 1",
+    "inference for llama-2-7b.Q4_K_M on H100-PCIe (with --n-gpu-layers 100 -n 128) the performance goes from "
+    "143.35 to 163.83 tokens per second (14% speedup)", 143.35, 163.83)

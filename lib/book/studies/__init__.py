@@ -1,3 +1,4 @@
 """The chapters' experiments, kept beside the book and apart from the instruments in
-`lib.measure`: chapter 10's k sweep (`sweep`), chapter 7's storage sweep (`cachebytes`) and
-chapter 8's load study (`load_study`)."""
+`lib.measure`: chapter 10's k sweep (`sweep`), the trained pair's alpha on the H100 clock
+(`draft_pair`, chapters 10 and 11), chapter 7's storage sweep (`cachebytes`) and chapter 8's load
+study (`load_study`)."""
