@@ -1,14 +1,17 @@
-"""A plain memory stream read beside the steps, for chapter 2's roofline (Williams, Waterman and
-Patterson 2009, "Roofline: an insightful visual performance model for multicore architectures"),
+"""A plain memory stream read beside the steps, the memory roof of chapter 2's roofline (Williams, Waterman
+and Patterson 2009, "Roofline: an insightful visual performance model for multicore architectures", whose
+roof is STREAM's bandwidth: a property of the memory, not of any kernel),
 and the one way the regimes page, chapter 2 and chapter 12 time a decode step, so that their numbers
 for the same stand-in differ only by the machine's noise.
 
 The machine card's bandwidth (`lib.measure.card`), the card's read rate, is one thread's one-row
 products, probed once per machine and kept on disk: a reference, not a ceiling, since a step timed
-at another moment, with the machine more or less busy, lands either side of it. The plain stream is
-read now: one thread streams an array far larger than any cache through BLAS's dot product of the
-array with itself (every byte read once, two FLOPs per four bytes, vectorized), the median of a few
-repeats; it reads faster than the one-row products. numpy's `a.sum()` is no such stream: its
+at another moment, with the machine more or less busy, lands either side of it; it is what the cost
+model prices reads with. The plain stream is read now: one thread streams an array far larger than any
+cache through BLAS's dot product of the array with itself (every byte read once, two FLOPs per four bytes,
+vectorized), the fastest of a few repeats (a roof is the least disturbed rate, as a step's time is its
+fastest round); it reads faster than the one-row products, whose share of it is the one-row kernel's
+efficiency. numpy's `a.sum()` is no such stream: its
 pairwise summation was measured at 12 to 23 GB/s on a machine whose decode step read at 17 to 20.
 """
 import numpy as np
@@ -16,17 +19,17 @@ import numpy as np
 from lib.book.prose import compared
 from lib.measure.counting import cached_call
 from lib.measure.standins import weight_bytes
-from lib.timing import median_time, single_thread
+from lib.timing import fastest_time, median_time, single_thread
 
 STREAM_BYTES = 2**29  # 512 MiB: beyond the last-level caches of CPUs of this kind (32 to 480 MiB)
 
 
 def streaming_read(nbytes: int = STREAM_BYTES, repeats: int = 5) -> float:
     """Bytes per second one thread reads from memory: a float32 array of `nbytes` dotted with itself
-    (BLAS sdot on one BLAS thread), the median of `repeats` after one warm-up."""
+    (BLAS sdot on one BLAS thread), the fastest of `repeats` after one warm-up."""
     a = np.ones(nbytes // 4, np.float32)  # (nbytes / 4,): every page written before it is timed
     with single_thread():
-        return a.nbytes / median_time(lambda: a.dot(a), repeats=repeats, warmup=1)
+        return a.nbytes / fastest_time(lambda: a.dot(a), repeats=repeats, warmup=1)
 
 
 def decode_rounds(steps: dict, repeats: int = 7, loop_seconds: float = 0.05, warmup_seconds: float = 0.5) -> dict:
@@ -66,6 +69,16 @@ def read_rates(models: dict, position: int = 64, repeats: int = 9) -> dict:
         out[name] = {"bytes": nbytes, "seconds": min(seconds), "rate": nbytes / min(seconds), "median": float(np.median(rates)),
                      "low": float(np.percentile(rates, 25)), "high": float(np.percentile(rates, 75))}
     return out
+
+
+RATE_HEADER = "GB/s: fastest round | median (middle half)"  # the columns of `rate_cells`
+
+
+def rate_cells(r: dict) -> str:
+    """One step's read rates (an entry of `read_rates`), in GB/s, as the regimes page and chapter 2 print them
+    under `RATE_HEADER`: its fastest round's, the round that gives the step its time, then the median round's
+    with the first and third quartiles around it (the median always inside its bracket)."""
+    return f"{r['rate'] / 1e9:5.1f} | {r['median'] / 1e9:.1f} ({r['low'] / 1e9:.1f} to {r['high'] / 1e9:.1f})"
 
 
 def slowest(rates: dict) -> str | None:
