@@ -6,12 +6,14 @@ import pytest
 
 from lib.gpu.memory import GPU, H100, from_hf_config, kv_budget
 from lib.gpu.models import LLAMA_3_8B, REAL_MODELS
-from lib.gpu.published import PUBLISHED, TORCHAO, VLLM_PREFILL
+from lib.gpu.published import LOGINET, PUBLISHED, TORCHAO, VLLM_PREFILL
 from lib.gpu.step import (
     FLOPS_SHARE,
     STEP_OVERHEAD,
     TILE,
     GPUClock,
+    batch_gain,
+    bent_clock,
     gpu_clock,
     implied_flops_share,
     memory_bound_rows,
@@ -120,3 +122,14 @@ def test_the_flop_share_a_throughput_run_implies_meets_it():
     f = implied_flops_share(VLLM_PREFILL)
     assert 0.3 < f < 1.0
     assert predict(VLLM_PREFILL, replace(gpu_clock(), flops_share=f)) == pytest.approx(VLLM_PREFILL.value, rel=1e-6)
+
+
+def test_the_bent_clock_grows_with_the_batch_as_the_record_measured():
+    fitted, bent = gpu_clock(), bent_clock(LOGINET)
+    assert batch_gain(bent, LOGINET.batch, LOGINET.context) == pytest.approx(LOGINET.gain, rel=1e-6)
+    assert batch_gain(fitted, LOGINET.batch, LOGINET.context) > LOGINET.gain  # the fitted clock grows less
+    assert bent.kv_factor > 1  # so its K/V reads are slowed
+    rows = [(0, 1, 300), (1, 2, 500)]  # only the K/V reads are bent: the weights' time is the fitted clock's
+    kv = LLAMA_3_8B.kv_bytes(1, 1) * (301 + 502)
+    read = fitted.bandwidth_share * H100.bandwidth
+    assert bent(rows) - fitted(rows) == pytest.approx((bent.kv_factor - 1) * kv / read, rel=1e-9)

@@ -32,7 +32,7 @@ from functools import cached_property
 
 from lib.gpu.memory import GPU, H100, KVSpec, dtype_bytes, kv_budget
 from lib.gpu.models import LLAMA_3_8B
-from lib.gpu.published import PUBLISHED, TORCHAO
+from lib.gpu.published import LOGINET, PUBLISHED, TORCHAO
 
 STEP_OVERHEAD = 0.5e-3  # seconds per step beyond bytes and FLOPs (scheduling, sampling, launches): stated, not measured
 FLOPS_SHARE = 0.6  # share of the dense bf16 peak that a step's products reach (MFU of large GEMMs): stated with
@@ -150,6 +150,37 @@ def gpu_clock(spec: KVSpec = LLAMA_3_8B, gpu: GPU = H100, measured: float = 1 / 
     ideal = GPUClock(spec, gpu).decode_step(1, context)  # the data sheet's step, all of it reading at batch 1
     return GPUClock(spec, gpu, min(ideal / (measured - STEP_OVERHEAD), 1.0), STEP_OVERHEAD,
                     flops_share=FLOPS_SHARE, tile=TILE)
+
+
+@dataclass(frozen=True)
+class BentClock(GPUClock):
+    """A clock whose K/V reads take `kv_factor` times the time its bandwidth share gives them: a step
+    that grows faster with the batch at long context than the fitted clock's, where the fit's one share b
+    prices both the weights and the K/V reads (the page "The H100 model, compared with measurements").
+    Only the step's seconds are bent; a breakdown's terms stay the fitted clock's."""
+    kv_factor: float = 1.0
+
+    def seconds(self, weight_bytes: float, product_flops: float, kv_bytes: float, attention_flops: float) -> float:
+        """The fitted clock's step, its K/V bytes read `kv_factor` times slower."""
+        return super().seconds(weight_bytes, product_flops, kv_bytes * self.kv_factor, attention_flops)
+
+
+def batch_gain(clock: GPUClock, batch: int, context: int) -> float:
+    """Tokens/s of a decode step of `batch` sequences over one sequence's, both at `context` positions."""
+    return batch * clock.decode_step(1, context) / clock.decode_step(batch, context)
+
+
+def bent_clock(record=LOGINET, clock: GPUClock = None) -> BentClock:
+    """`clock` (default: `gpu_clock()`) with its K/V reads slowed until its gain from one sequence to
+    `record.batch` at `record.context` is the gain the record measured within one engine (Loginet:
+    45 concurrent requests at 15.5 times one request's tokens/s)."""
+    clock = clock or gpu_clock()
+    bend = lambda k: BentClock(**{f: getattr(clock, f) for f in clock.__dataclass_fields__}, kv_factor=k)
+    low, high = 0.1, 100.0
+    for _ in range(60):  # the gain falls as the K/V reads slow: bisect on a log scale
+        mid = math.sqrt(low * high)
+        low, high = (mid, high) if batch_gain(bend(mid), record.batch, record.context) > record.gain else (low, mid)
+    return bend(math.sqrt(low * high))
 
 
 def run_seconds(clock: GPUClock, batch: int, input_len: int, output_len: int) -> float:
