@@ -139,6 +139,10 @@ class LeanModel:
             rms = math.sqrt(float(np.vdot(x, x)) / x.shape[1] + LN_EPS)
             np.multiply(x, 1.0 / rms, out=b.xn)
             return b.xa
+        return self._normalize_rows(x, b)
+
+    def _normalize_rows(self, x, b):
+        """_normalize for several tokens, in four numpy calls (one token takes two: the fast path)."""
         np.multiply(x, x, out=b.sqn)  # (T, C) beside a 1 column
         np.dot(b.sq, self.mean_eps, out=b.var)  # (T, 1) mean of squares + eps
         np.sqrt(b.var, out=b.var)
