@@ -44,22 +44,20 @@ def step_parts(p, q) -> tuple:
     return accepted, (1.0 - accepted.sum()) * residual(p, q)
 
 
-def emitted_distribution(p_next, q_next, sequences, k: int, parts=step_parts) -> np.ndarray:
-    """The exact probability that speculative_generate (fixed k, temperature 1) emits each of
-    `sequences` (tuples of n tokens), when each drafted position is judged by `parts`.
+def next_token_laws(p_next, q_next, prefixes, k: int, n: int, parts=step_parts) -> dict:
+    """The law of the next token that speculative_generate (fixed k, temperature 1, n tokens) emits
+    after each emitted prefix in `prefixes` (a set of tuples closed under taking prefixes, () in it),
+    when each drafted position is judged by `parts`: {prefix: (V,)}, for the prefixes it can reach.
 
     p_next(seq), q_next(seq): the target's and the draft's next-token distribution after the
     emitted tuple seq, (V,). parts(p, q) -> (accepted, replaced), each (V,): a drafted position's
     output, split by path (step_parts is Leviathan et al.'s rule; a bug that breaks (H1) or (H2)
     passes its own). A token's law given the history then depends only on the emitted prefix and
-    its place in the round (drafted, or the bonus token from p), so the chain rule over (prefix,
-    place) gives the joint; with step_parts it is the target's own (the lemma of chapter 9).
-    Only prefixes of `sequences` are followed. Returns (len(sequences),)."""
-    n = len(sequences[0])
-    wanted = {tuple(seq[:i]) for seq in sequences for i in range(n + 1)}
-    level = {((), 0, min(k, n)): 1.0}  # (emitted, place in the round, drafts this round): probability
+    its place in the round (drafted, or the bonus token from p), so the prefix's law mixes those
+    places by their probability; with step_parts every law is p_next (the lemma of chapter 9)."""
+    laws, level = {}, {((), 0, min(k, n)): 1.0}  # (emitted, place in the round, drafts this round): probability
     for _ in range(n):
-        after = {}
+        after, mixed = {}, {}
         for (seq, place, drafted), mass in level.items():
             p = p_next(seq)  # (V,)
             if place < drafted:  # a drafted position: accepted, the round goes on; replaced, it ends
@@ -67,17 +65,26 @@ def emitted_distribution(p_next, q_next, sequences, k: int, parts=step_parts) ->
                 moves = [(accepted, place + 1), (replaced, None)]
             else:  # the bonus token, drawn from p; the round ends
                 moves = [(p, None)]
+            mixed[seq] = mixed.get(seq, 0.0) + mass * sum(dist for dist, _ in moves)
             for dist, nxt in moves:
                 for a in np.flatnonzero(dist > 0):
                     grown = seq + (int(a),)
-                    if grown in wanted:
+                    if grown in prefixes:
                         state = (grown, nxt, drafted) if nxt is not None else (grown, 0, min(k, n - len(grown)))
                         after[state] = after.get(state, 0.0) + mass * dist[a]
+        laws.update({seq: m / m.sum() for seq, m in mixed.items() if m.sum() > 0})
         level = after
-    probs = dict.fromkeys((tuple(seq) for seq in sequences), 0.0)
-    for (seq, _, _), mass in level.items():
-        probs[seq] += mass
-    return np.array([probs[tuple(seq)] for seq in sequences])
+    return laws
+
+
+def emitted_distribution(p_next, q_next, sequences, k: int, parts=step_parts) -> np.ndarray:
+    """The exact probability that speculative_generate (fixed k, temperature 1) emits each of
+    `sequences` (tuples of n tokens), when each drafted position is judged by `parts`: the chain
+    rule over next_token_laws. Only prefixes of `sequences` are followed. Returns (len(sequences),)."""
+    n = len(sequences[0])
+    laws = next_token_laws(p_next, q_next, {tuple(seq[:i]) for seq in sequences for i in range(n)}, k, n, parts)
+    return np.array([np.prod([laws[tuple(seq[:i])][a] if tuple(seq[:i]) in laws else 0.0
+                              for i, a in enumerate(seq)]) for seq in sequences])
 
 
 def accept_or_resample(p, q, x: int, rng: np.random.Generator):

@@ -129,6 +129,7 @@ QUOTED = {
         "0.005-0.007": "the article", "0.0045-0.0058": "the article", "0.10-0.14": "the article",
         "32-256": "MagicDec",  # the batch sizes its speed-up holds at, long context (arXiv:2408.11049)
         "40,000": "The check drafts",  # the exercise check's draws per prefix (lib.book.exercises.accept_rule)
+        "1968": "Hope",  # the Monte Carlo test's year (Hope 1968, JRSS B 30: 582-598)
     },
     "10_k_sweep.ipynb": {
         "1.2-1.3": "the article",  # the source article's CPU speed-up, at k = 2-3

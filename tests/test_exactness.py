@@ -1,0 +1,56 @@
+"""lib.book.studies.exactness.PrefixTest: chapter 9's check 3, a Monte Carlo test (Hope 1968) of
+every prefix's next-token law. Its false-alarm rate is its nominal level within noise, on the
+simulated runs and on runs drawn token by token; it flags a law shifted at one prefix."""
+import itertools
+from collections import Counter
+
+import numpy as np
+
+from lib.book.studies.exactness import PrefixTest, prefix_tree
+
+V, N = 4, 3
+RNG = np.random.default_rng(1)
+P = {seq: RNG.dirichlet(np.ones(V)) for n in range(N) for seq in itertools.product(range(V), repeat=n)}
+TREE = prefix_tree(P.get, N, 0.05)
+
+
+def test_the_tree_holds_every_prefix_likely_enough_and_its_law():
+    assert () in TREE and all(len(seq) < N for seq in TREE)
+    for seq, law in TREE.items():
+        assert law is P[seq] and np.prod([P[seq[:i]][a] for i, a in enumerate(seq)]) >= 0.05
+
+
+def test_false_alarms_on_simulated_runs_are_at_the_level():
+    test = PrefixTest(TREE, 300, sets=9_999, level=0.01)  # its threshold: the 100th largest of 9,999
+    rate = np.mean(test.simulate(TREE, 20_000, np.random.default_rng(7)) > test.threshold)
+    # the threshold's own exceedance ~ Beta(100, 9,900): sd 0.001; 20,000 runs: sd 0.0007
+    assert abs(rate - 0.01) < 0.005
+
+
+def test_false_alarms_on_runs_drawn_token_by_token_are_at_the_level():
+    test, rng = PrefixTest(TREE, 100, sets=999, level=0.05), np.random.default_rng(3)
+    flagged = []
+    for _ in range(400):
+        draws = Counter()
+        for _ in range(100):
+            seq = ()
+            while len(seq) < N:
+                seq += (int(rng.choice(V, p=P[seq])),)
+            draws[seq] += 1
+        flagged.append(test.score(draws)[0] > test.threshold)
+    assert abs(np.mean(flagged) - 0.05) < 0.035  # 400 runs: sd 0.011; the threshold's own: 0.007
+
+
+def test_a_law_shifted_at_one_prefix_is_flagged_there():
+    test = PrefixTest(TREE, 2_000, sets=999, level=0.01)
+    shifted = dict(TREE)
+    shifted[()] = 0.8 * TREE[()] + 0.2 * np.eye(V)[int(np.argmin(TREE[()]))]  # TVD 0.2 at the first token
+    assert test.power(shifted, sets=500) > 0.99 and test.power(TREE, sets=500) < 0.05
+    rng, draws = np.random.default_rng(4), Counter()
+    for _ in range(2_000):
+        seq = (int(rng.choice(V, p=shifted[()])),)
+        while len(seq) < N:
+            seq += (int(rng.choice(V, p=P[seq])),)
+        draws[seq] += 1
+    stat, where = test.score(draws)
+    assert stat > test.threshold and where == ()
