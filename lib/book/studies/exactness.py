@@ -46,6 +46,7 @@ def generations(target, draft, prompt, n_chars, k, n, drafter=lib.speculative.Mo
     seqs, stats_ = generations_with(target, draft, prompt, n_chars, k, n, drafter=drafter)
     return seqs, np.bincount([s.rounds for s in stats_], minlength=n_chars + 1)
 
+
 def processed(temperature, top_k):
     """A request's logits processing: the softmax at `temperature`, then top-k (the top_k likeliest
     tokens kept, renormalized). Returns probs(logits, ignored=None) -> (..., V), called as
