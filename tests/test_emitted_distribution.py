@@ -1,6 +1,7 @@
-"""lib.speculative.emitted_distribution (the chain rule over next_token_laws): the exact joint a speculative decoder emits, by the chain
-rule over (prefix, place in the round). With Leviathan et al.'s rule it is the target's joint (the
-lemma); with a broken rule it is still a distribution, and it matches the decoder's own draws."""
+"""lib.speculative.emitted_distribution: the exact joint a speculative decoder emits, the chain rule
+over next_token_laws (each prefix's law mixes its places in the round). With Leviathan et al.'s
+rule it is the target's joint (the lemma); with a broken rule it is still a distribution, and it
+matches the decoder's own draws."""
 import itertools
 
 import numpy as np
@@ -82,18 +83,3 @@ def test_only_the_sequences_asked_for_are_followed():
     assert seen <= {seq[:i] for seq in asked for i in range(N)}
     np.testing.assert_allclose(joint, emitted_distribution(P.get, Q.get, ALL, 2)[:5], atol=1e-15)
 
-
-@pytest.mark.parametrize("temperature,top_k", [(1.0, 4), (0.7, 2), (1.3, 1)])
-def test_processed_keeps_top_k_at_the_temperature_and_prefix_tree_holds_every_prefix(temperature, top_k):
-    """chapter 9's (H0) reference: top-k keeps the k likeliest tokens of the tempered softmax,
-    renormalized; prefix_tree with no cut-off holds every prefix shorter than N."""
-    from lib.book.studies.exactness import prefix_tree, processed
-    from lib.sampling import probs_from_logits
-    logits = np.random.default_rng(0).normal(size=(3, V))
-    probs = processed(temperature, top_k)(logits, 99.0)  # the passed temperature is ignored
-    tempered = probs_from_logits(logits, temperature)
-    assert np.allclose(probs.sum(axis=-1), 1.0) and ((probs > 0).sum(axis=-1) == top_k).all()
-    kept = probs > 0
-    assert np.allclose(probs[kept], (tempered * kept / (tempered * kept).sum(-1, keepdims=True))[kept])
-    tree = prefix_tree(P.get, N, 0.0)
-    assert len(tree) == sum(V**n for n in range(N)) and all(tree[seq] is P[seq] for seq in tree)

@@ -1,12 +1,15 @@
 """lib.book.studies.exactness.PrefixTest: chapter 9's check 3, a Monte Carlo test (Hope 1968) of
 every prefix's next-token law. Its false-alarm rate is its nominal level within noise, on the
-simulated runs and on runs drawn token by token; it flags a law shifted at one prefix."""
+simulated runs and on runs drawn token by token; it flags a law shifted at one prefix. And
+`processed`, the (H0) reference's logits processing: top-k of the tempered softmax."""
 import itertools
 from collections import Counter
 
 import numpy as np
+import pytest
 
-from lib.book.studies.exactness import PrefixTest, prefix_tree
+from lib.book.studies.exactness import PrefixTest, prefix_tree, processed
+from lib.sampling import probs_from_logits
 
 V, N = 4, 3
 RNG = np.random.default_rng(1)
@@ -54,3 +57,17 @@ def test_a_law_shifted_at_one_prefix_is_flagged_there():
         draws[seq] += 1
     stat, where = test.score(draws)
     assert stat > test.threshold and where == ()
+
+
+@pytest.mark.parametrize("temperature,top_k", [(1.0, 4), (0.7, 2), (1.3, 1)])
+def test_processed_keeps_top_k_at_the_temperature_and_prefix_tree_holds_every_prefix(temperature, top_k):
+    """chapter 9's (H0) reference: top-k keeps the k likeliest tokens of the tempered softmax,
+    renormalized; prefix_tree with no cut-off holds every prefix shorter than N."""
+    logits = np.random.default_rng(0).normal(size=(3, V))
+    probs = processed(temperature, top_k)(logits, 99.0)  # the passed temperature is ignored
+    tempered = probs_from_logits(logits, temperature)
+    assert np.allclose(probs.sum(axis=-1), 1.0) and ((probs > 0).sum(axis=-1) == top_k).all()
+    kept = probs > 0
+    assert np.allclose(probs[kept], (tempered * kept / (tempered * kept).sum(-1, keepdims=True))[kept])
+    tree = prefix_tree(P.get, N, 0.0)
+    assert len(tree) == sum(V**n for n in range(N)) and all(tree[seq] is P[seq] for seq in tree)
