@@ -112,8 +112,8 @@ def draw():
     ax.text(0.2, total - 0.2, wrap(SCHEDULER, 92), fontsize=SMALL, color="0.25", va="top", style="italic")
     ax.text(0.3, total - 0.78, "one decode step: one new token for each sequence", fontsize=TITLE, weight="bold", va="top")
     ax.text(0.3, total - 1.15, "simplified: time ≈ calls x overhead\n"
-            "                   + max(weight bytes / bandwidth, FLOPs / peak FLOP/s)\n"
-            "                   + K/V bytes / bandwidth   (batching shares the weights, not the K/V)",
+            "                   + max(weight bytes / bandwidth, weight FLOPs / peak FLOP/s)\n"
+            "                   + max(K/V bytes / bandwidth, attention FLOPs / peak FLOP/s)",
             fontsize=BODY, color="0.25", va="top")
     top = total - HEAD
     for cost in COSTS:

@@ -2,7 +2,8 @@
 and Patterson 2009, "Roofline: an insightful visual performance model for multicore architectures", whose
 roof is STREAM's bandwidth: a property of the memory, not of any kernel),
 and the one way the regimes page, chapter 2 and chapter 12 time a decode step, so that their numbers
-for the same stand-in differ only by the machine's noise.
+for the same stand-in differ only by their runs (a run on a busy host can take twice as long; the fastest
+round is the least disturbed).
 
 The machine card's bandwidth (`lib.measure.card`), the card's read rate, is one thread's one-row
 products, probed once per machine and kept on disk: a reference, not a ceiling, since a step timed
