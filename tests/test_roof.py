@@ -16,3 +16,20 @@ def test_slowest_is_named_only_beyond_the_rounds_spread():
     assert slowest(apart) == "b"
     close = {"a": entry(16, 15, 14, 16), "b": entry(16, 14.8, 14, 15.6)}
     assert slowest(close) is None
+
+
+def test_row_times_times_one_call_of_each_row_count_after_the_cached_tokens():
+    from lib.book.studies.roof import row_times
+    from lib.config import ModelConfig
+    from lib.fast.lean import LeanModel
+    from lib.model import init_params
+
+    cfg = ModelConfig(n_layer=1, n_head=2, n_kv_head=2, n_embd=16)
+    model, seen = LeanModel(init_params(cfg), cfg, products="numpy"), set()
+
+    def step(new_tokens, cache):  # the model, recording each call's new tokens and the cached ones before it
+        seen.add((len(new_tokens), cache.n))
+        return model(new_tokens, cache)
+    times = row_times(step, cfg, (1, 3), position=5, repeats=2, warmup_seconds=0.0)
+    assert set(times) == {1, 3} and all(t > 0 for t in times.values())
+    assert seen == {(5, 0), (1, 5), (3, 5)}  # the cached prefix once, then every call after its 5 tokens

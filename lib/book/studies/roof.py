@@ -96,3 +96,23 @@ def decode_seconds(step, cfg, position: int = 64, repeats: int = 7) -> float:
     """Seconds of one decode step of `step` after `position` cached tokens, timed as `decode_times` times
     several."""
     return decode_times({"step": (step, cfg, position)}, repeats)["step"]
+
+
+def interleaved_rounds(calls: dict, repeats: int = 7, loop_seconds: float = 0.05, warmup_seconds: float = 0.5) -> dict:
+    """{name: [seconds of one call, one per round]} for calls {name: a function of no arguments}, timed by the
+    book's step rule (`decode_rounds`): each first run for `warmup_seconds`, then `repeats` rounds of one timing
+    of every call, each timing looping the call for `loop_seconds`."""
+    for call in calls.values():
+        median_time(call, repeats=1, warmup=0, min_seconds=warmup_seconds)
+    rounds = [{name: median_time(call, repeats=1, warmup=0, min_seconds=loop_seconds) for name, call in calls.items()}
+              for _ in range(repeats)]
+    return {name: [r[name] for r in rounds] for name in calls}
+
+
+def row_times(step, cfg, rows, position: int = 64, repeats: int = 3, warmup_seconds: float = 0.1) -> dict:
+    """{B: seconds of one call of `step` over B new tokens after `position` cached ones} for B in `rows`: a CPU's
+    batching, B rows sharing each read of the weights (one sequence's B tokens, as a verify call or a prompt
+    chunk; B sequences would add their own K/V reads, a small share at short context). Each B's fastest round
+    of `interleaved_rounds`, as `decode_times` times a step; a short warm-up for a step already running."""
+    calls = {B: cached_call(step, cfg, position, B) for B in rows}
+    return {B: min(r) for B, r in interleaved_rounds(calls, repeats, warmup_seconds=warmup_seconds).items()}
