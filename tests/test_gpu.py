@@ -16,6 +16,7 @@ from lib.gpu.step import (
     bent_clock,
     gpu_clock,
     implied_flops_share,
+    kv_read_clock,
     memory_bound_rows,
     predict,
     validation,
@@ -133,3 +134,11 @@ def test_the_bent_clock_grows_with_the_batch_as_the_record_measured():
     kv = LLAMA_3_8B.kv_bytes(1, 1) * (301 + 502)
     read = fitted.bandwidth_share * H100.bandwidth
     assert bent(rows) - fitted(rows) == pytest.approx((bent.kv_factor - 1) * kv / read, rel=1e-9)
+
+
+def test_a_clock_at_another_kv_read_rate_changes_only_its_kv_term():
+    fitted = gpu_clock()
+    own = fitted.bandwidth_share * H100.bandwidth  # bytes/s: the fitted clock's own K/V read rate
+    assert kv_read_clock(own, fitted).decode_step(16, 4096) == pytest.approx(fitted.decode_step(16, 4096))
+    kv_time = fitted.decode_breakdown(16, 4096)["attention"]  # memory-bound: the K/V bytes at the fitted rate
+    assert fitted.decode_step(16, 4096) - kv_read_clock(2 * own, fitted).decode_step(16, 4096) == pytest.approx(kv_time / 2)

@@ -175,3 +175,18 @@ LLAMA_CPP_GRAPHS_H100 = GraphTiming(
     "H100-PCIe, llama-2-7b.Q4_K_M (4-bit), llama.cpp with --n-gpu-layers 100 -n 128, batch 1",
     "inference for llama-2-7b.Q4_K_M on H100-PCIe (with --n-gpu-layers 100 -n 128) the performance goes from "
     "143.35 to 163.83 tokens per second (14% speedup)", 143.35, 163.83)
+
+
+# Published K/V read rates of decode attention on an H100 (chapter 5 sets them beside the fitted clock's).
+FLASHINFER_BLOG = "https://flashinfer.ai/2024/02/02/introduce-flashinfer.html"
+# "Accelerating Self-Attentions for LLM Serving with FlashInfer" (February 2024), Figure 9, "Batch GQA decode
+# performance": H100 SXM 80GB, Llama 2 70B at tensor parallelism 2 (4 K/V heads, 32 query heads of 128 per GPU),
+# batch 64; bandwidth utilisation = bytes the kernel reads / its latency / 3,352 GB/s, L2 flushed before each
+# launch. Read off the plot at 4,096 positions per request, to about two points:
+FLASHINFER_GQA_H100 = {"FlashInfer, tensor cores": 0.82, "FlashInfer, CUDA cores": 0.49, "vLLM v0.2.6": 0.28}
+FLASHINFER_GQA_BATCH, FLASHINFER_GQA_CONTEXT, FLASHINFER_GQA_GROUP = 64, 4096, 8
+VLLM_FP8_BLOG = "https://vllm.ai/blog/fp8-kvcache"
+# "The State of FP8 KV-Cache and Attention Quantization in vLLM" (April 2026): Llama-3.1-8B, FlashAttention 3,
+# one H100, one request at a time; bf16's time per decode step rises this many seconds per token of context
+# (the slope of its fitted line; chapter 7 quotes the post)
+VLLM_BLOG_BF16_SLOPE = 4.37e-8

@@ -183,6 +183,15 @@ def bent_clock(record=LOGINET, clock: GPUClock = None) -> BentClock:
     return bend(math.sqrt(low * high))
 
 
+def kv_read_clock(rate: float, clock: GPUClock = None) -> BentClock:
+    """`clock` (default: `gpu_clock()`) with its K/V read at `rate` bytes/s instead of at its fitted bandwidth
+    share, its weights read as before: a step priced at a published K/V read rate (chapter 5 takes the one that
+    vLLM's fp8 KV-cache blog implies, chapter 7)."""
+    clock = clock or gpu_clock()
+    return BentClock(**{f: getattr(clock, f) for f in clock.__dataclass_fields__},
+                     kv_factor=clock.bandwidth_share * clock.gpu.bandwidth / rate)
+
+
 def run_seconds(clock: GPUClock, batch: int, input_len: int, output_len: int) -> float:
     """A throughput run: `batch` prompts of `input_len` computed in one step, which gives each its first
     token, then output_len - 1 decode steps of the whole batch."""
