@@ -32,7 +32,7 @@ COSTS = [  # (cost, what sets it, colour, techniques acting on it with their cha
       "fewer bits per weight: 4-bit or fp8 weights, fewer bytes per read (11)"]),
     ("K/V bytes", "each sequence's cache at its\ncurrent length, read at every step", "#fbe3c8",
      ["fewer K/V heads: GQA, MQA (5)", "fewer bits per value: KV quantization (7)"]),
-    ("FLOPs", f"2 per weight per token, plus attention;\nnearly free on a GPU below a batch of\n~{RIDGE:.0f} (H100 data sheet, regimes page)",
+    ("FLOPs", f"2 per weight per token, plus attention;\nnearly free on a GPU below a bf16 batch\nof ~{RIDGE:.0f} (H100 data sheet, regimes page)",
      "#dcefd9", ["the KV cache: the past is not recomputed; without it, every step is a prefill of all "
                  "the tokens so far (3)",
                  "prefix caching: a shared prompt is computed once (3, 8)"]),

@@ -1,6 +1,6 @@
 """lib.book.studies.exactness.PrefixTest: chapter 9's check 3, a Monte Carlo test (Hope 1968) of
-every prefix's next-token law. Its false-alarm rate is its nominal level within noise, on the
-simulated runs and on runs drawn token by token; it flags a law shifted at one prefix. And
+every prefix's next-token law. Its false-alarm rate is its nominal level within noise (its largest
+score or their sum), on the simulated runs and on runs drawn token by token; it flags a law shifted at one prefix. And
 `processed`, the (H0) reference's logits processing: top-k of the tempered softmax."""
 import itertools
 from collections import Counter
@@ -23,8 +23,9 @@ def test_the_tree_holds_every_prefix_likely_enough_and_its_law():
         assert law is P[seq] and np.prod([P[seq[:i]][a] for i, a in enumerate(seq)]) >= 0.05
 
 
-def test_false_alarms_on_simulated_runs_are_at_the_level():
-    test = PrefixTest(TREE, 300, sets=9_999, level=0.01)  # its threshold: the 100th largest of 9,999
+@pytest.mark.parametrize("summed", [False, True])  # the largest score, or their sum (Fisher's)
+def test_false_alarms_on_simulated_runs_are_at_the_level(summed):
+    test = PrefixTest(TREE, 300, sets=9_999, level=0.01, summed=summed)  # its threshold: the 100th largest of 9,999
     rate = np.mean(test.simulate(TREE, 20_000, np.random.default_rng(7)) > test.threshold)
     # the threshold's own exceedance ~ Beta(100, 9,900): sd 0.001; 20,000 runs: sd 0.0007
     assert abs(rate - 0.01) < 0.005

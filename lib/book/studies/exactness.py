@@ -106,13 +106,16 @@ def prefix_cells(tree, n):
 class PrefixTest:
     """Check 3 (module docstring): the reference's conditionals `tree` (prefix_tree), n generations,
     a Monte Carlo null of `sets` simulated sets, false alarms at most `level` (a multiple of
-    1 / (sets + 1)); prefixes visited fewer than n_min times are not scored."""
+    1 / (sets + 1)); prefixes visited fewer than n_min times are not scored. `summed`: the statistic
+    is the sum of the prefixes' scores, Fisher's combination (Fisher 1925), not the largest; the
+    simulated null sets are the same for a given seed."""
     tree: dict
     n: int
     sets: int = 99_999
     level: float = 1e-4
     n_min: int = 20
     seed: int = 1
+    summed: bool = False
     cells: dict = field(init=False, repr=False)
     threshold: float = field(init=False)
 
@@ -151,7 +154,8 @@ class PrefixTest:
             probs = np.append(law[drawn], max(0.0, 1 - law[drawn].sum()))
             counts[seq] = rng.multinomial(visits.pop(seq), probs / probs.sum())  # (sets, drawn + 1)
             visits.update({seq + (int(a),): counts[seq][:, j] for j, a in enumerate(drawn) if seq + (int(a),) in self.tree})
-        return np.max(list(self.scores(counts).values()), axis=0)
+        scored = np.array(list(self.scores(counts).values()))  # (prefixes, sets)
+        return scored.sum(axis=0) if self.summed else scored.max(axis=0)
 
     def counts_of(self, sequences):
         """{prefix: (1, drawn + 1)} next-token counts of emitted sequences (a Counter {tokens: count})."""
@@ -165,10 +169,10 @@ class PrefixTest:
         return counts
 
     def score(self, sequences):
-        """(statistic, the prefix that set it): the largest score of emitted sequences over the prefixes."""
+        """(statistic, the worst prefix): the largest score (or, summed, their sum) of emitted sequences."""
         scored = {seq: float(s[0]) for seq, s in self.scores(self.counts_of(sequences)).items()}
         worst = max(scored, key=scored.get)
-        return scored[worst], worst
+        return (sum(scored.values()) if self.summed else scored[worst]), worst
 
     def power(self, laws, sets=2000, seed=2):
         """The share of simulated runs, each token after a prefix following laws[prefix], that the test flags."""
