@@ -41,6 +41,13 @@ def decode_rounds(steps: dict, repeats: int = 7, loop_seconds: float = 0.05, war
     rather than on every timing of one. Each step first runs for `warmup_seconds`: a fresh step's first
     fraction of a second runs slow."""
     calls = {name: cached_call(step, cfg, position) for name, (step, cfg, position) in steps.items()}
+    return interleaved_rounds(calls, repeats, loop_seconds, warmup_seconds)
+
+
+def interleaved_rounds(calls: dict, repeats: int = 7, loop_seconds: float = 0.05, warmup_seconds: float = 0.5) -> dict:
+    """{name: [seconds of one call, one per round]} for calls {name: a function of no arguments}: each first run
+    for `warmup_seconds`, then `repeats` rounds of one timing of every call, each timing looping the call for
+    `loop_seconds`."""
     for call in calls.values():
         median_time(call, repeats=1, warmup=0, min_seconds=warmup_seconds)
     rounds = [{name: median_time(call, repeats=1, warmup=0, min_seconds=loop_seconds) for name, call in calls.items()}
@@ -96,17 +103,6 @@ def decode_seconds(step, cfg, position: int = 64, repeats: int = 7) -> float:
     """Seconds of one decode step of `step` after `position` cached tokens, timed as `decode_times` times
     several."""
     return decode_times({"step": (step, cfg, position)}, repeats)["step"]
-
-
-def interleaved_rounds(calls: dict, repeats: int = 7, loop_seconds: float = 0.05, warmup_seconds: float = 0.5) -> dict:
-    """{name: [seconds of one call, one per round]} for calls {name: a function of no arguments}, timed by the
-    book's step rule (`decode_rounds`): each first run for `warmup_seconds`, then `repeats` rounds of one timing
-    of every call, each timing looping the call for `loop_seconds`."""
-    for call in calls.values():
-        median_time(call, repeats=1, warmup=0, min_seconds=warmup_seconds)
-    rounds = [{name: median_time(call, repeats=1, warmup=0, min_seconds=loop_seconds) for name, call in calls.items()}
-              for _ in range(repeats)]
-    return {name: [r[name] for r in rounds] for name in calls}
 
 
 def row_times(step, cfg, rows, position: int = 64, repeats: int = 3, warmup_seconds: float = 0.1) -> dict:
