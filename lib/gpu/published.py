@@ -90,8 +90,8 @@ VLLM_DYNAMIC_SD = Published(
     (0.5, 2.0), "an example configuration, not a measured crossover, on an unstated GPU; the clock predicts "
     "only where a step of batch x (K + 1) rows turns compute-bound, not the draft's cost or acceptance: "
     "within a factor of 2. The same page's EAGLE-3 example for this model sets K=5 only up to 16 sequences "
-    "and K=4 up to 32, where the rule gives 42 and 51: K=4's 51 is inside the band, K=5's 42 outside it "
-    "(chapter 9)", k=3)
+    "and K=4 up to 32: the rule puts K=4's turn inside the band and K=5's outside it (chapters 9 and 11 "
+    "print both)", k=3)
 
 PUBLISHED = (TORCHAO, SGLANG, VLLM_DECODE, LOGINET, VLLM_PREFILL, VLLM_DYNAMIC_SD)
 

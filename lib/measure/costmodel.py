@@ -105,7 +105,7 @@ class Machine:
         """The machine card: the few numbers every chapter quotes as "this machine"."""
         return (f"{cpu_model()}, one BLAS thread: a numpy call {self.call * 1e6:.1f} us alone, "
                 f"{self.engine_call['plain'] * 1e6:.1f} / {self.engine_call['lean'] * 1e6:.1f} us inside the plain / "
-                f"lean engine; reads "
+                f"lean engine; one-row products read "
                 f"{self.memory_bandwidth / 1e9:.1f} GB/s from memory; products peak at {self.peak / 1e9:.0f} GFLOP/s")
 
     def bandwidth(self, working_set: float) -> float:
