@@ -94,6 +94,8 @@ QUOTED = {
         "32": ("config.json", "Try this"), "128": "config.json", "4,096": "config.json",
         "81,559": "driver reports",
         "0.9": "vLLM",  # vLLM's default gpu_memory_utilization, which chapter 4 keeps (worked problem)
+        "19.5": "data sheet", "2.04": "data sheet", "1.555": "data sheet",  # NVIDIA's A100 data sheet: FP32, 80/40 GB bandwidth
+        "12.5": "data sheet",  # 19.5 TFLOP/s over 1.555 TB/s, the A100 40 GB's FP32 ridge
     },
     "06_paging.ipynb": {
         "47.2": "the article", "0.7": "the article", "1.4": "the article",
@@ -101,6 +103,7 @@ QUOTED = {
         "128": "KV heads",  # Llama-3.1-8B's head size (config.json), in the worked problem
         "81,559": "driver reports", "8.03": "model card",  # nvidia-smi on an H100; Llama-3.1-8B's parameters
         "90": "FlashInfer",  # its README: vector-sparse attention at 90% of the dense kernels' bandwidth
+        "1024": "spread evenly from", "8192": ("spread evenly from", "longest request's"),  # the worked problem's lengths
     },
     "07_quantization.ipynb": {
         "0.000739": "the source article", "0.00885": "the source article",
