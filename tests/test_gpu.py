@@ -19,6 +19,7 @@ from lib.gpu.step import (
     kv_read_clock,
     memory_bound_rows,
     predict,
+    sequence_cost_clock,
     validation,
 )
 
@@ -134,6 +135,19 @@ def test_the_bent_clock_grows_with_the_batch_as_the_record_measured():
     kv = LLAMA_3_8B.kv_bytes(1, 1) * (301 + 502)
     read = fitted.bandwidth_share * H100.bandwidth
     assert bent(rows) - fitted(rows) == pytest.approx((bent.kv_factor - 1) * kv / read, rel=1e-9)
+
+
+def test_a_cost_per_sequence_grows_with_the_batch_as_the_record_measured():
+    fitted, charged = gpu_clock(), sequence_cost_clock(LOGINET)
+    assert batch_gain(charged, LOGINET.batch, LOGINET.context) == pytest.approx(LOGINET.gain, rel=1e-6)
+    assert charged.per_sequence > 0  # a cost that grows with the batch
+    at = TORCHAO.context  # the fit point keeps agreeing: the share is refitted around the cost
+    assert charged.decode_step(1, at) == pytest.approx(fitted.decode_step(1, at), rel=1e-9)
+    assert charged.bandwidth_share > fitted.bandwidth_share
+    one = replace(fitted, bandwidth_share=charged.bandwidth_share)  # the same clock without the cost
+    assert charged.decode_step(8, 1024) - one.decode_step(8, 1024) == pytest.approx(8 * charged.per_sequence)
+    rows = [(0, 1, 300), (0, 1, 301), (1, 2, 500)]  # two sequences: two costs
+    assert charged(rows) - one(rows) == pytest.approx(2 * charged.per_sequence)
 
 
 def test_a_clock_at_another_kv_read_rate_changes_only_its_kv_term():

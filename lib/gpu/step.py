@@ -183,6 +183,47 @@ def bent_clock(record=LOGINET, clock: GPUClock = None) -> BentClock:
     return bend(math.sqrt(low * high))
 
 
+@dataclass(frozen=True)
+class SequenceCostClock(GPUClock):
+    """A clock that charges `per_sequence` seconds for each sequence in a step on top of its fixed cost: an
+    engine's sampling, scheduling and detokenising, which grow with the batch (the page "The H100 model,
+    compared with measurements" sets it beside the bent clock as the other way to slow a large batch)."""
+    per_sequence: float = 0.0
+
+    def decode_breakdown(self, batch: int, context: int, new: int = 1) -> dict:
+        """The fitted clock's breakdown, its seconds plus `per_sequence` for each of the `batch` sequences."""
+        step = dict(super().decode_breakdown(batch, context, new))
+        step["seconds"] += self.per_sequence * batch
+        return step
+
+    def prefill_breakdown(self, tokens: int, batch: int = 1) -> dict:
+        """The fitted clock's prefill, its seconds plus `per_sequence` for each of the `batch` prompts."""
+        step = dict(super().prefill_breakdown(tokens, batch))
+        step["seconds"] += self.per_sequence * batch
+        return step
+
+    def __call__(self, rows) -> float:
+        """A serving step: the fitted clock's, plus `per_sequence` for each row's sequence."""
+        return super().__call__(rows) + self.per_sequence * len({row[0] for row in rows})
+
+
+def sequence_cost_clock(record=LOGINET, clock: GPUClock = None) -> SequenceCostClock:
+    """`clock` (default: `gpu_clock()`) with a cost per sequence, chosen so that its gain from one sequence to
+    `record.batch` at `record.context` is the gain the record measured, its bandwidth share refitted so that
+    its batch-1 step at torchao's context stays the clock's (the fit point keeps agreeing)."""
+    clock = clock or gpu_clock()
+    at_fit, ideal = clock.decode_step(1, TORCHAO.context), GPUClock(clock.spec, clock.gpu).decode_step(1, TORCHAO.context)
+    fields = {f: getattr(clock, f) for f in clock.__dataclass_fields__}
+
+    def charged(t1):  # the bandwidth share whose batch-1 step, with t1 charged once, is the clock's own
+        return SequenceCostClock(**{**fields, "bandwidth_share": ideal / (at_fit - clock.overhead - t1)}, per_sequence=t1)
+    low, high = 0.0, at_fit - clock.overhead - ideal  # beyond high the share would pass 1
+    for _ in range(60):  # the gain falls as the cost per sequence grows: bisect
+        mid = (low + high) / 2
+        low, high = (mid, high) if batch_gain(charged(mid), record.batch, record.context) > record.gain else (low, mid)
+    return charged((low + high) / 2)
+
+
 def kv_read_clock(rate: float, clock: GPUClock = None) -> BentClock:
     """`clock` (default: `gpu_clock()`) with its K/V read at `rate` bytes/s instead of at its fitted bandwidth
     share, its weights read as before: a step priced at a published K/V read rate (chapter 5 takes the one that
