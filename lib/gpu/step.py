@@ -165,6 +165,11 @@ class BentClock(GPUClock):
         return super().seconds(weight_bytes, product_flops, kv_bytes * self.kv_factor, attention_flops)
 
 
+def _fields(clock: GPUClock) -> dict:
+    """A clock's fields, by name (shallow: the same spec and GPU), to build a variant of it."""
+    return {f: getattr(clock, f) for f in clock.__dataclass_fields__}
+
+
 def batch_gain(clock: GPUClock, batch: int, context: int) -> float:
     """Tokens/s of a decode step of `batch` sequences over one sequence's, both at `context` positions."""
     return batch * clock.decode_step(1, context) / clock.decode_step(batch, context)
@@ -175,7 +180,7 @@ def bent_clock(record=LOGINET, clock: GPUClock = None) -> BentClock:
     `record.batch` at `record.context` is the gain the record measured within one engine (Loginet:
     45 concurrent requests at 15.5 times one request's tokens/s)."""
     clock = clock or gpu_clock()
-    bend = lambda k: BentClock(**{f: getattr(clock, f) for f in clock.__dataclass_fields__}, kv_factor=k)
+    bend = lambda k: BentClock(**_fields(clock), kv_factor=k)
     low, high = 0.1, 100.0
     for _ in range(60):  # the gain falls as the K/V reads slow: bisect on a log scale
         mid = math.sqrt(low * high)
@@ -213,10 +218,8 @@ def sequence_cost_clock(record=LOGINET, clock: GPUClock = None) -> SequenceCostC
     its batch-1 step at torchao's context stays the clock's (the fit point keeps agreeing)."""
     clock = clock or gpu_clock()
     at_fit, ideal = clock.decode_step(1, TORCHAO.context), GPUClock(clock.spec, clock.gpu).decode_step(1, TORCHAO.context)
-    fields = {f: getattr(clock, f) for f in clock.__dataclass_fields__}
-
     def charged(t1):  # the bandwidth share whose batch-1 step, with t1 charged once, is the clock's own
-        return SequenceCostClock(**{**fields, "bandwidth_share": ideal / (at_fit - clock.overhead - t1)}, per_sequence=t1)
+        return SequenceCostClock(**{**_fields(clock), "bandwidth_share": ideal / (at_fit - clock.overhead - t1)}, per_sequence=t1)
     low, high = 0.0, at_fit - clock.overhead - ideal  # beyond high the share would pass 1
     for _ in range(60):  # the gain falls as the cost per sequence grows: bisect
         mid = (low + high) / 2
@@ -229,8 +232,7 @@ def kv_read_clock(rate: float, clock: GPUClock = None) -> BentClock:
     share, its weights read as before: a step priced at a published K/V read rate (chapter 5 takes the one that
     vLLM's fp8 KV-cache blog implies, chapter 7)."""
     clock = clock or gpu_clock()
-    return BentClock(**{f: getattr(clock, f) for f in clock.__dataclass_fields__},
-                     kv_factor=clock.bandwidth_share * clock.gpu.bandwidth / rate)
+    return BentClock(**_fields(clock), kv_factor=clock.bandwidth_share * clock.gpu.bandwidth / rate)
 
 
 def run_seconds(clock: GPUClock, batch: int, input_len: int, output_len: int) -> float:
