@@ -9,6 +9,7 @@ than with 1 beside other jobs; a whole build went 11-14x slower).
 """
 import os
 import platform
+from pathlib import Path
 
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
@@ -29,12 +30,20 @@ def cpu_model() -> str:
 
 
 def machine_line() -> str:
-    """One line: CPU, cores, numpy, BLAS library with version, kernel set and threads."""
-    blas = [f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture') or 'generic'}), "
+    """One line: CPU, cores, numpy, and each loaded BLAS library (numpy's, and scipy's own once scipy
+    is imported) with the package that ships it, its version, kernel set and threads."""
+    blas = [f"{_owner(i.get('filepath', ''))}{i.get('internal_api')} {i.get('version')} "
+            f"({i.get('architecture') or 'generic'}), "
             f"{i.get('num_threads')} thread{'s' * (i.get('num_threads') != 1)}"
             for i in threadpool_info() if i.get("user_api") == "blas"]
     return (f"{cpu_model()}, {os.cpu_count()} cores; numpy {np.__version__}; "
             f"BLAS: {'; '.join(blas) or 'none found'}")
+
+
+def _owner(filepath: str) -> str:
+    """'numpy's ' for a library wheels ship in site-packages/numpy.libs, '' when no package is named."""
+    folder = Path(filepath).parent.name
+    return f"{folder.removesuffix('.libs')}'s " if folder.endswith(".libs") else ""
 
 
 def setup() -> str:
