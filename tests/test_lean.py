@@ -120,21 +120,23 @@ def _held_out_texts(count=4, length=512):
 def test_lean_equals_reference_on_full_held_out_texts(name):
     """Every position of full-context held-out texts, one token at a time and in chunks: on such a
     text the shipped draft's fast softmax once overflowed in its row sums (logit error 3.9). The
-    reference runs in float64: the float32 reference is itself up to 9e-5 from it here."""
+    reference runs in float64; the tolerance is twice the float32 reference's own distance from it
+    on the text (up to 9e-5 on Python 3.11's held-out texts, 1.1e-4 on 3.12's), at least 1e-4."""
     params, cfg = load(name)
     lean, rng = LeanModel(params, cfg), np.random.default_rng(0)
     params64 = {key: value.astype(np.float64) for key, value in params.items()}
     for text in _held_out_texts():
         ref = forward(params64, cfg, text)  # (512, V)
+        atol = max(1e-4, 2 * float(np.abs(forward(params, cfg, text) - ref).max()))  # float32's rounding here
         cache = KVCache(cfg)
         one_by_one = np.concatenate([lean(text[i:i + 1], cache) for i in range(len(text))])
-        np.testing.assert_allclose(one_by_one, ref, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(one_by_one, ref, atol=atol, rtol=0)
         cache, out, i = KVCache(cfg), [], 0
         while i < len(text):
             size = int(rng.integers(1, 40))
             out.append(lean(text[i:i + size], cache))
             i += size
-        np.testing.assert_allclose(np.concatenate(out), ref, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(np.concatenate(out), ref, atol=atol, rtol=0)
 
 
 def test_feed_refuses_for_the_lean_path_what_the_plain_path_refuses(model):
