@@ -6,7 +6,7 @@ import pytest
 
 from lib.gpu.memory import GPU, H100, from_hf_config, kv_budget
 from lib.gpu.models import LLAMA_3_8B, REAL_MODELS
-from lib.gpu.published import LOGINET, PUBLISHED, TORCHAO, VLLM_PREFILL
+from lib.gpu.published import LOGINET, PUBLISHED, TORCHAO, VLLM_PREFILL, VLLM_SWEEP
 from lib.gpu.step import (
     FLOPS_SHARE,
     STEP_OVERHEAD,
@@ -106,6 +106,15 @@ def test_the_clock_within_its_band_of_each_published_measurement(record):
                                          f"{record.value} {record.unit} ({row['ratio']:.2f}, band {low}..{high}): "
                                          f"{record.why}")
     assert record.url.startswith("https://") and record.figure and record.setup
+
+
+def test_the_sweep_is_quoted_in_order_and_its_batches_are_memory_bound_on_the_clock():
+    """The H100 model page reads a throughput that stops growing over a 4x batch as a limit outside the GPU's
+    step: that holds only while the clock's step stays memory-bound at every batch the sweep ran."""
+    concurrency = [n for n, _, _ in VLLM_SWEEP.points]
+    assert concurrency == sorted(concurrency) and VLLM_SWEEP.url.startswith("https://") and VLLM_SWEEP.figure
+    clock = gpu_clock()
+    assert all(clock.decode_breakdown(n, VLLM_SWEEP.context)["bound"] == "memory" for n in concurrency)
 
 
 @pytest.mark.parametrize("spec", [LLAMA_3_8B] + [m for m in REAL_MODELS if any(m.windows)][:1], ids=lambda s: s.name)

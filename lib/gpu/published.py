@@ -5,7 +5,8 @@ that band. The bands were set knowing each source's setup, not blind.
 
 Kinds: a batch-1 decode (two engines), decode throughput at a large batch (two engines), a
 prefill, and a speculative-decoding switch point. The clock takes its bandwidth share from the
-first (`TORCHAO`), so that one agrees by construction; the others are checks.
+first (`TORCHAO`), so that one agrees by construction; the others are checks. Apart from them, one
+engine's concurrency sweep (`VLLM_SWEEP`), shown point by point beside the clock.
 """
 from dataclasses import dataclass
 
@@ -76,8 +77,10 @@ LOGINET = Published(
     "tokens of user input per request, streamed",
     "maximum throughput of 1,724 tokens/second at 45 concurrent requests; '15.5 times improvement over "
     "single-request'", 1724.0, "tokens/s",
-    (0.9, 1.7), "measured at a client, through a 51 ms network, with prompts (and their prefills) arriving "
-    "among the decodes: the clock's pure decode steps should be faster, by up to 70%",
+    (0.9, 1.7), "measured at a client, through a 51 ms network: its tokens/s include each request's wait for its "
+    "first token and the engine's work per sequence (scheduling, sampling, streaming each token), which the clock's "
+    "pure decode steps do not charge; the prefills are short (SGLang's radix cache, on by default, keeps the fixed "
+    "system prompt, so each arrival computes only its own 100-500 tokens): the clock should be faster, by up to 70%",
     batch=45, context=3300, gain=15.5)  # 3,000 + about 300 prompt tokens per sequence
 
 VLLM_DYNAMIC_SD = Published(
@@ -94,6 +97,34 @@ VLLM_DYNAMIC_SD = Published(
     "print both)", k=3)
 
 PUBLISHED = (TORCHAO, SGLANG, VLLM_DECODE, LOGINET, VLLM_PREFILL, VLLM_DYNAMIC_SD)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One engine's decode measured at several concurrencies, as its source gives it: the H100 model page sets
+    each point beside the clock's step, as a check of how the step grows with the batch, not a fit. Not in
+    `PUBLISHED` (whose rows carry bands)."""
+    name: str
+    source: str  # title, and where in it
+    url: str
+    date: str
+    setup: str  # GPU, model, dtype, engine, workload, client, as the source gives them
+    figure: str  # the source's table, quoted
+    points: tuple  # (concurrency, throughput in tokens/s, TPOT p50 in ms), in the source's order
+    context: int  # positions a sequence holds mid-answer (prompt and half the longest answer)
+
+
+VLLM_SWEEP = Sweep(
+    "vLLM 0.21 concurrency sweep", "InferenceBench docs, 'Recipe: concurrency sweep', its summary table (the "
+    "repository's docs/recipes/concurrency-sweep.md, commit 1a865f62a7e51f3d8f133b46452a5b18a2f2bd7e)",
+    "https://yobitelcomm.github.io/bench/recipes/concurrency-sweep/", "2026-05-16",
+    "one H100-80GB-HBM3, meta-llama/Llama-3.1-8B-Instruct, fp16, vLLM 0.21.0 (OpenAI server); suite "
+    "llm.inference.chatbot-short: a closed loop of 1, 4, 16 or 64 workers, each a Python thread sending ten short "
+    "built-in questions in turn, streamed through LiteLLM, max_tokens 128; TPOT = (total - TTFT) / (tokens - 1) "
+    "at the client",
+    "conc 1: 122.2 tok/s, tpot_p50_ms 6.48; 4: 580.3, 6.59; 16: 1,384.2, 10.94; 64: 1,312.3, 46.91",
+    ((1, 122.2, 6.48), (4, 580.3, 6.59), (16, 1384.2, 10.94), (64, 1312.3, 46.91)),
+    context=100)  # a templated one-line question (about 40 tokens) and half of at most 128 generated
 
 
 @dataclass(frozen=True)
