@@ -1,6 +1,7 @@
-"""A plain memory stream read beside the steps, the memory roof of chapter 2's roofline (Williams, Waterman
-and Patterson 2009, "Roofline: an insightful visual performance model for multicore architectures", whose
-roof is STREAM's bandwidth: a property of the memory, not of any kernel),
+"""A plain memory stream read beside the steps, the textbook memory roof (Williams, Waterman and Patterson
+2009, "Roofline: an insightful visual performance model for multicore architectures", whose roof is STREAM's
+bandwidth: a property of the memory, not of any kernel) that chapter 2 sets beside the card's read rate, its
+roof; one row through the same weights in either layout beside that stream (`layout_rates`);
 and the one way the regimes page, chapter 2 and chapter 12 time a decode step, so that their numbers
 for the same stand-in differ only by their runs (a run on a busy host can take twice as long; the fastest
 round is the least disturbed).
