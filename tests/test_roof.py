@@ -1,5 +1,5 @@
 """lib.book.studies.roof: the rate table's cells and the slowest-stand-in rule, on made-up rates."""
-from lib.book.studies.roof import RATE_HEADER, rate_cells, slowest
+from lib.book.studies.roof import RATE_HEADER, against, layout_rates, rate_cells, slowest
 
 
 def entry(fastest, median, low, high):
@@ -33,3 +33,17 @@ def test_row_times_times_one_call_of_each_row_count_after_the_cached_tokens():
     times = row_times(step, cfg, (1, 3), position=5, repeats=2, warmup_seconds=0.0)
     assert set(times) == {1, 3} and all(t > 0 for t in times.values())
     assert seen == {(5, 0), (1, 5), (3, 5)}  # the cached prefix once, then every call after its 5 tokens
+
+
+def test_against_holds_the_whole_middle_half_of_the_rounds_to_the_rate():
+    words = ("faster than", "about as fast as", "slower than")
+    assert against(entry(26, 14.3, 13.3, 17.7), 15.4e9, words) == "about as fast as"  # fastest round alone above
+    assert against(entry(30, 25, 23, 27), 15.4e9, words) == "faster than"
+    assert against(entry(14, 12, 11, 13), 15.4e9, words) == "slower than"
+
+
+def test_layout_rates_times_the_four_products_over_the_same_bytes():
+    import numpy as np
+    weights = [np.asfortranarray(np.ones(shape, np.float32)) for shape in ((8, 16), (17, 8))]
+    rates = layout_rates(weights, repeats=1)
+    assert set(rates) == {"x @ W", "x @ W, row-major", "W.T @ x", "dot"} and all(r > 0 for r in rates.values())

@@ -1,6 +1,7 @@
-"""A plain memory stream read beside the steps, the memory roof of chapter 2's roofline (Williams, Waterman
-and Patterson 2009, "Roofline: an insightful visual performance model for multicore architectures", whose
-roof is STREAM's bandwidth: a property of the memory, not of any kernel),
+"""A plain memory stream read beside the steps, the textbook memory roof (Williams, Waterman and Patterson
+2009, "Roofline: an insightful visual performance model for multicore architectures", whose roof is STREAM's
+bandwidth: a property of the memory, not of any kernel) that chapter 2 sets beside the card's read rate, its
+roof; one row through the same weights in either layout beside that stream (`layout_rates`);
 and the one way the regimes page, chapter 2 and chapter 12 time a decode step, so that their numbers
 for the same stand-in differ only by their runs (a run on a busy host can take twice as long; the fastest
 round is the least disturbed).
@@ -97,6 +98,33 @@ def slowest(rates: dict) -> str | None:
     margin = max((rates[n]["high"] - rates[n]["low"]) / rates[n]["median"] for n in (low, next_low))
     apart = compared(rates[next_low]["median"], rates[low]["median"], margin, ("apart", "within", "within"))
     return low if apart == "apart" else None
+
+
+def against(r: dict, rate: float, words: tuple) -> str:
+    """How a step's read rate (an entry of `read_rates`) compares with `rate` (bytes/s), in words: words[0] if
+    even its first quartile is above it, words[2] if even its third quartile is below it, words[1] if the middle
+    half of its rounds straddles it. A rate claim must hold for the median round, not only the fastest."""
+    return words[0] if r["low"] > rate else words[2] if r["high"] < rate else words[1]
+
+
+def layout_rates(weights: list, repeats: int = 5) -> dict:
+    """{product: bytes/s} of one row through every matrix of `weights` in turn ((K, N) each, column-major as the
+    engine stores them; together far larger than the caches), one BLAS thread: "x @ W"
+    on that layout (the card's probe, `lib.measure.card`), "x @ W, row-major" on a row-major copy, "W.T @ x" (a
+    column vector), and "dot" (the same bytes as one flat vector dotted with ones, BLAS sdot, the plain stream's
+    kernel), each its fastest of `repeats` interleaved rounds (`interleaved_rounds`). Which of them reads near the
+    stream says whether the one-row product's gap is its layout."""
+    xs = [np.ones(w.shape[0], np.float32) for w in weights]  # (K,) each: the row, or the column of W.T @ x
+    rows = [np.ascontiguousarray(w) for w in weights]  # (K, N) each, row-major copies
+    flat = [w.T.reshape(-1) for w in weights]  # (K * N,) views: a column-major (K, N) is a row-major (N, K)
+    ones = np.ones(max(f.size for f in flat), np.float32)
+    calls = {"x @ W": lambda: [x @ w for x, w in zip(xs, weights)],
+             "x @ W, row-major": lambda: [x @ w for x, w in zip(xs, rows)],
+             "W.T @ x": lambda: [w.T @ x for x, w in zip(xs, weights)], "dot": lambda: [f.dot(ones[:f.size]) for f in flat]}
+    nbytes = sum(w.nbytes for w in weights)
+    with single_thread():  # one timing of each per round, as `decode_rounds`: a busy second lands on one round of each
+        rounds = interleaved_rounds(calls, repeats, warmup_seconds=0.1)
+    return {name: nbytes / min(seconds) for name, seconds in rounds.items()}
 
 
 def decode_seconds(step, cfg, position: int = 64, repeats: int = 7) -> float:
