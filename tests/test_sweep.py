@@ -61,3 +61,24 @@ def test_acceptance_on_text_is_the_mean_overlap_of_the_two_distributions():
                                   for w in chunks]).mean()
         alpha = acceptance_on_text(target, draft, text, (temperature,), chunk=100)[temperature]
         assert alpha == pytest.approx(overlap, rel=1e-12) and 0 < alpha < 1
+
+
+def test_split_mean_call_parts_sum_to_the_mean_of_group_medians():
+    from lib.book.studies.sweep import split_mean_call
+    log = [(1, 1.0)] * 3 + [(2, 1.5)] * 4 + [(16, 4.0)] + [(1, 9.0)]  # one stray one-token call: the median holds
+    parts = split_mean_call(log, 1, one=2.0)
+    assert parts["usual"] == 0.5 and parts["short"] == 0.0
+    assert np.isclose(parts["catch-up"], 4 / 9 * 0.5 / 2) and np.isclose(parts["prefill"], 1 / 9 * 3.0 / 2)
+
+
+def test_clocked_logs_each_call_and_a_run_draws_catch_up_calls():
+    from lib.book.studies.sweep import Clocked
+    target, draft = LeanModel(*load("target")), LeanModel(*load("draft"))
+    tgt, drf = Clocked(target), Clocked(draft)
+    prompt = held_out_prompts(1, 16)[0]
+    tokens, stats = speculative_generate(tgt, drf, prompt, 24, k=1, temperature=0.0)
+    sizes = [n for n, _ in drf.log]
+    assert drf.calls == stats.draft_calls and sizes[0] == len(prompt)  # the draft reads the prompt first
+    # k = 1: each round that accepted its draft token makes the next round's first draft call read two tokens
+    assert sizes.count(2) in (stats.accepted, stats.accepted - 1) and stats.accepted > 0
+    assert tgt.seconds == sum(s for _, s in tgt.log)

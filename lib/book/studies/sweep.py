@@ -7,6 +7,7 @@ timed interleaved (baseline, k1, baseline, k2, ..., baseline), each k against th
 two baselines beside it, so a machine whose speed drifts affects both sides alike.
 """
 import functools
+import time
 
 import numpy as np
 
@@ -123,3 +124,46 @@ def predictions(rows: dict, c, costs: dict) -> None:
         c_draft = c[name] if isinstance(c, dict) else c
         row["theorem"] = expected_speedup(row["alpha"], k, c_draft)
         row["with_call_cost"] = expected_speedup(row["alpha"], k, c_draft, call_cost=costs[k + 1])
+
+
+class Clocked:
+    """A cached step that logs every call it passes on: (tokens read, seconds) in `log`, and their
+    sum in `seconds` (chapter 10 clocks the target and the draft inside whole runs with it)."""
+
+    def __init__(self, model):
+        self.cfg, self.step = model.cfg, model
+        self.seconds, self.log = 0.0, []
+
+    def __call__(self, tokens, cache):
+        start = time.perf_counter()
+        logits = self.step(tokens, cache)
+        seconds = time.perf_counter() - start
+        self.seconds += seconds
+        self.log.append((len(tokens), seconds))
+        return logits
+
+    @property
+    def calls(self) -> int:
+        return len(self.log)
+
+
+def split_mean_call(log, size: int, one: float) -> dict:
+    """A model's call inside a run, in units of `one` seconds, split by the tokens each call read.
+
+    log: (tokens, seconds) of its calls (`Clocked.log`, pooled over runs); size: the tokens of its usual
+    call (1 for a draft, k + 1 for the target's verification); one: the baseline's one-token call. Each
+    group of calls is priced at its median (robust to a host's stray call). Returns {"usual": the usual
+    call, "catch-up": calls over size + 1 tokens (a draft reading, beside the newest token, the accepted
+    one it had not read: `lib.speculative.ModelDrafter.propose`), "prefill": calls over more (the
+    prompt), "short": calls over fewer (a last round cut short)}; each part but "usual" is its share of
+    the calls times its median's excess over the usual call's, so the parts sum to the mean call."""
+    groups = {}
+    for n, seconds in log:
+        groups.setdefault(n, []).append(seconds)
+    usual = float(np.median(groups[size]))
+    parts = {"usual": usual / one, "catch-up": 0.0, "prefill": 0.0, "short": 0.0}
+    for n, times in groups.items():
+        if n != size:
+            name = "catch-up" if n == size + 1 else "prefill" if n > size else "short"
+            parts[name] += len(times) / len(log) * (float(np.median(times)) - usual) / one
+    return parts
