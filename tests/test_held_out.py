@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from lib.corpus import load_corpus
 from lib.model import load
 from lib.train import held_out_loss
 
@@ -11,6 +12,8 @@ RECORD = json.loads((Path(__file__).parents[1] / "lib" / "weights" / "target.jso
 
 
 def test_held_out_loss_on_four_windows_is_the_records_sample_loss():
+    if load_corpus().sha256 != RECORD["corpus_sha256"]:
+        pytest.skip("this Python's standard library differs from the one the weights were trained on")
     loss, on = held_out_loss(*load("target"), windows=4)
     assert round(loss, 4) == round(RECORD["held_out_sample_loss"], 4)
     assert on.startswith("the first 4 of ")
