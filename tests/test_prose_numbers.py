@@ -263,3 +263,19 @@ def test_no_name_is_glued_twice(notebook):
              for out in cell.get("outputs", [])]
     twice = sorted({n for n in names if n and names.count(n) > 1})
     assert not twice, f"{notebook}: glued more than once: {twice}"
+
+
+GLUE_REF = re.compile(r"\{glue(?::[a-z]+)?\}`([\w.-]+\.ipynb)::(\w+)")
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in BOOK.glob("*.md")) + sorted(p.name for p in BOOK.glob("*.ipynb")))
+def test_every_glue_reference_names_a_name_its_notebook_glued(page):
+    """A {glue:text}`nb::name` whose name the stored notebook no longer glues is a warning that fails
+    the book's build (-W): each cross-page reference names a glued name of the stored run."""
+    glued = {}
+    for notebook, name in GLUE_REF.findall((BOOK / page).read_text()):
+        if notebook not in glued:
+            cells = json.loads((BOOK / notebook).read_text())["cells"]
+            glued[notebook] = {out.get("metadata", {}).get("scrapbook", {}).get("name") for cell in cells
+                               for out in cell.get("outputs", [])}
+        assert name in glued[notebook], f"{page}: {notebook} does not glue {name!r}"
