@@ -27,7 +27,7 @@ RIDGE = round(H100.flops / H100.bandwidth, -2)  # FLOP per byte: a bf16 batch of
 FITTED = memory_bound_rows(gpu_clock())  # the fitted clock's turn (the H100 model page): another clock, another batch
 COSTS = [  # (cost, what sets it, colour, techniques acting on it with their chapters)
     ("per-call overhead", "calls x the cost of a call\n(numpy calls; kernel launches)", "#e8e8e8",
-     ["fewer, fused calls: the lean path (12)", "CUDA graphs on a GPU: one launch a step (12)"]),
+     ["fewer, fused calls: the lean path (12)", "CUDA graphs on a GPU: a step replayed in one launch or a few (12)"]),
     ("weights' bytes", "every weight, read once per step,\nshared by every token in the step", "#cfe0f3",
      ["batching: more sequences per read (8)", "speculative decoding: more tokens per read (9, 10)",
       "prefill in one call: one read of the weights for all prompt tokens (2)",
