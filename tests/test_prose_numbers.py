@@ -150,6 +150,8 @@ QUOTED = {
         "8,192": "max_num_batched_tokens", "2,048": "max_num_batched_tokens",
         "0.92": "gpu_memory_utilization", "0.9": "gpu_memory_utilization",
         "80": "config.json", "128": "config.json",  # Qwen2.5-72B-Instruct's layers and head size
+        # EAGLE-3 on Llama-3.1-8B, one H100, MT-bench: SGLang's speculative decoding docs, citing the EAGLE-3 paper
+        "158.34": "EAGLE-3", "373.25": "EAGLE-3",
     },
     "12_lean_engine.ipynb": {
         "1,905": "torchao",  # the bandwidth its benchmark achieved (pytorch/ao quantization README)
