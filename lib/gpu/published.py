@@ -12,13 +12,18 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class Published:
+class Source:
+    """Where a published figure comes from, as its source gives it."""
     name: str
     source: str  # title, and where in it
     url: str
     date: str
-    setup: str  # GPU, model, dtype, engine, batch, lengths, as the source gives them
-    figure: str  # the source's figure, quoted
+    setup: str  # GPU, model, dtype, engine, batch or workload, lengths, client, as the source gives them
+    figure: str  # the source's figure or table, quoted
+
+
+@dataclass(frozen=True)
+class Published(Source):
     value: float
     unit: str
     band: tuple  # (low, high) for predicted / published
@@ -100,16 +105,10 @@ PUBLISHED = (TORCHAO, SGLANG, VLLM_DECODE, LOGINET, VLLM_PREFILL, VLLM_DYNAMIC_S
 
 
 @dataclass(frozen=True)
-class Sweep:
+class Sweep(Source):
     """One engine's decode measured at several concurrencies, as its source gives it: the H100 model page sets
     each point beside the clock's step, as a check of how the step grows with the batch, not a fit. Not in
     `PUBLISHED` (whose rows carry bands)."""
-    name: str
-    source: str  # title, and where in it
-    url: str
-    date: str
-    setup: str  # GPU, model, dtype, engine, workload, client, as the source gives them
-    figure: str  # the source's table, quoted
     points: tuple  # (concurrency, throughput in tokens/s, TPOT p50 in ms), in the source's order
     context: int  # positions a sequence holds mid-answer (prompt and half the longest answer)
 
