@@ -32,10 +32,10 @@ def cpu_model() -> str:
 def machine_line() -> str:
     """One line: CPU, cores, numpy, and each loaded BLAS library (numpy's, and scipy's own once scipy
     is imported) with the package that ships it, its version, kernel set and threads."""
-    blas = [f"{_owner(i.get('filepath', ''))}{i.get('internal_api')} {i.get('version')} "
+    blas = sorted(f"{_owner(i.get('filepath', ''))}{i.get('internal_api')} {i.get('version')} "
             f"({i.get('architecture') or 'generic'}), "
             f"{i.get('num_threads')} thread{'s' * (i.get('num_threads') != 1)}"
-            for i in threadpool_info() if i.get("user_api") == "blas"]
+            for i in threadpool_info() if i.get("user_api") == "blas")  # one order on every run
     return (f"{cpu_model()}, {os.cpu_count()} cores; numpy {np.__version__}; "
             f"BLAS: {'; '.join(blas) or 'none found'}")
 
