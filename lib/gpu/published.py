@@ -47,12 +47,12 @@ TORCHAO = Published(
 # benchmarks"); its current H100 table has no batch-1 row, so the pinned commit above stays the fit point.
 
 SGLANG = Published(
-    "SGLang, batch 1", "SGLang docs, Speculative Decoding, 'Performance Highlights' table (its EAGLE-3 rows after "
+    "SGLang, batch unstated", "SGLang docs, Speculative Decoding, 'Performance Highlights' table (its EAGLE-3 rows after "
     "Li et al. 2025, arXiv 2503.01840; the page states no batch size or dtype)",
     "https://docs.sglang.io/advanced_features/speculative_decoding.html", "2025",
     "1x H100, LLaMA-Instruct 3.1 8B, SGLang without speculation, MT-bench prompts (batch not stated; taken as 1)",
     "SGLang (w/o speculative, 1x H100): 158.34 tokens/s", 158.34, "tokens/s",
-    (0.7, 1.0), "another engine at batch 1 (CUDA graphs, other kernels), faster than torchao's step: the "
+    (0.7, 1.0), "another engine, taken at batch 1 (CUDA graphs, other kernels), faster than torchao's step: the "
     "torchao-fitted clock should be slower, within 30%; MT-bench's prompts are not given: taken at torchao's "
     "200 positions", context=200)
 

@@ -23,7 +23,8 @@ they measure (PaLM, Chowdhery et al. 2022, for MFU):
 - MFU, model FLOPs utilisation: the FLOPs a step must do / its time / the data sheet's FLOP/s.
 
 The data sheet's step is b = f = 1, a tile of 1 row, no overhead. `gpu_clock` fits b to torchao's
-batch-1 measurement; f and the tile are stated below, and `lib.gpu.published` holds the published
+batch-1 measurement (a row since withdrawn from its README, slower than current engines' batch-1 steps; the
+page "The H100 model, compared with measurements" states which way the clock errs); f and the tile are stated below, and `lib.gpu.published` holds the published
 measurements the fitted clock is checked against (`validation`).
 """
 import math
