@@ -1,14 +1,16 @@
 """lib.book.studies.exactness.PrefixTest: chapter 9's check 3, a Monte Carlo test (Hope 1968) of
 every prefix's next-token law. Its false-alarm rate is its nominal level within noise (its largest
 score or their sum), on the simulated runs and on runs drawn token by token; it flags a law shifted at one prefix. And
-`processed`, the (H0) reference's logits processing: top-k of the tempered softmax."""
+`processed`, the (H0) reference's logits processing: top-k of the tempered softmax. And check 4's
+randomized PIT: uniform for tokens drawn from their laws, far from it for tokens drawn from another."""
 import itertools
 from collections import Counter
 
 import numpy as np
 import pytest
+from scipy.stats import chi2
 
-from lib.book.studies.exactness import PrefixTest, prefix_tree, processed
+from lib.book.studies.exactness import PrefixTest, pit_values, prefix_tree, processed, uniformity
 from lib.sampling import probs_from_logits
 
 V, N = 4, 3
@@ -72,3 +74,16 @@ def test_processed_keeps_top_k_at_the_temperature_and_prefix_tree_holds_every_pr
     assert np.allclose(probs[kept], (tempered * kept / (tempered * kept).sum(-1, keepdims=True))[kept])
     tree = prefix_tree(P.get, N, 0.0)
     assert len(tree) == sum(V**n for n in range(N)) and all(tree[seq] is P[seq] for seq in tree)
+
+
+def test_pit_is_uniform_for_the_right_sampler_and_flags_a_sampler_that_draws_from_q():
+    rng = np.random.default_rng(5)
+    p, q = rng.dirichlet(np.ones(8), 4_000), rng.dirichlet(np.ones(8), 4_000)  # (T, V) each: a law per position
+    draw = lambda laws: np.array([rng.choice(8, p=law) for law in laws])  # (T,)
+    x = draw(p)
+    u = pit_values(p, x, np.random.default_rng(6))
+    below = np.cumsum(p, axis=1)[np.arange(len(x)), x] - p[np.arange(len(x)), x]
+    assert np.all((u >= below) & (u <= below + p[np.arange(len(x)), x]))  # inside the token's slice of the CDF
+    assert uniformity(u)[1] > 1e-3  # seeded: numpy's generators give these draws on any machine
+    wrong = uniformity(pit_values(p, draw(q), np.random.default_rng(6)))[0]
+    assert wrong > 5 * chi2.ppf(0.999, 19)  # a sampler that draws from q: far beyond the null

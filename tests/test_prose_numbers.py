@@ -133,6 +133,8 @@ QUOTED = {
         "32-256": "MagicDec",  # the batch sizes its speed-up holds at, long context (arXiv:2408.11049)
         "40,000": "The check drafts",  # the exercise check's draws per prefix (lib.book.exercises.accept_rule)
         "1968": "Hope",  # the Monte Carlo test's year (Hope 1968, JRSS B 30: 582-598)
+        "1952": "Rosenblatt",  # the probability integral transform's year (Ann. Math. Statist. 23: 470-472)
+        "95": "one-sided",  # 95%: the power's confidence level, a constant of the bound (beta.ppf(0.05, ...))
     },
     "10_k_sweep.ipynb": {
         "1.2-1.3": "the article",  # the source article's CPU speed-up, at k = 2-3

@@ -10,6 +10,10 @@ the largest score over the prefixes. Its threshold comes from a Monte Carlo null
 Besag & Clifford 1989): the same statistic on many simulated sets of exact draws from the target's
 conditionals; a correct decoder's statistic is exchangeable with theirs, so it lands among the r
 largest of sets + 1 with probability at most r / (sets + 1), whatever the statistic's law.
+
+Check 4 (pit_values, pit_generations, uniformity): every emitted token of long generations, each mapped by
+the randomized probability integral transform of the target's law given its past; under exactness the
+values are iid U(0, 1), tested with a binned chi-square.
 """
 from collections import Counter
 from contextlib import contextmanager
@@ -177,3 +181,34 @@ class PrefixTest:
     def power(self, laws, sets=2000, seed=2):
         """The share of simulated runs, each token after a prefix following laws[prefix], that the test flags."""
         return float(np.mean(self.simulate(laws, sets, np.random.default_rng(seed)) > self.threshold))
+
+
+def pit_values(probs, tokens, rng):
+    """The randomized probability integral transform of emitted tokens (Rosenblatt 1952; for discrete
+    laws Brockwell 2007, Czado, Gneiting & Held 2009): u_t = F(x_t - 1) + V_t p(x_t), F the CDF of
+    probs[t] in the vocabulary's order, V_t ~ U(0, 1) from rng. If each x_t was drawn from probs[t]
+    given everything before it, the u_t are iid U(0, 1). probs: (T, V); tokens: (T,). Returns (T,)."""
+    rows = np.arange(len(tokens))
+    mass = probs[rows, tokens]  # (T,)
+    return np.cumsum(probs, axis=1)[rows, tokens] - mass + rng.random(len(tokens)) * mass
+
+
+def pit_generations(target, draft, reference, prompts, n_new, k, seed=0, temperature=1.0):
+    """The PIT values (pit_values) of every token of one speculative generation per prompt (seeds
+    0, 1, ...), against the reference's next-token laws: one lib.forward call over prompt + output
+    gives every position's. reference: (params, cfg). V_t from its own generator, `seed`. Returns (n_new * prompts,)."""
+    rng, out = np.random.default_rng(seed), []
+    for i, prompt in enumerate(prompts):
+        tokens, _ = lib.speculative.speculative_generate(target, draft, prompt, n_new, k=k, temperature=temperature, seed=i)
+        logits = lib.forward(*reference, np.concatenate([prompt, tokens]))[len(prompt) - 1:-1]  # (n_new, V)
+        out.append(pit_values(probs_from_logits(logits, temperature), tokens, rng))
+    return np.concatenate(out)
+
+
+def uniformity(u, bins=20):
+    """Pearson's chi-square of u's counts in `bins` equal bins of [0, 1) against uniform counts, and its
+    p-value on chi-square with bins - 1 degrees of freedom (the u_t iid U(0, 1): the counts are multinomial)."""
+    counts = np.histogram(u, bins, range=(0.0, 1.0))[0]  # (bins,)
+    expected = len(u) / bins
+    chi = float(((counts - expected) ** 2 / expected).sum())
+    return chi, float(stats.chi2.sf(chi, bins - 1))
