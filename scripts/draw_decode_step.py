@@ -14,7 +14,6 @@ matplotlib.rcParams["svg.hashsalt"] = "decode_step"  # fixed clip-path ids: the 
 import matplotlib.pyplot as plt  # noqa: E402
 
 from lib.gpu.memory import H100  # noqa: E402
-from lib.gpu.step import gpu_clock, memory_bound_rows  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "book" / "figures" / "decode_step.svg"
 WIDTH = 7.0  # inches: the book's column at 1280 px shows it at about its own size
@@ -24,7 +23,6 @@ PANEL = 2.9  # inches: the memory panel
 HEAD = 1.95  # inches above the first cost box: the scheduler note, the title and the three-line formula
 SMALL, BODY, NAME, TITLE = 9.5, 10.5, 12, 13  # points
 RIDGE = round(H100.flops / H100.bandwidth, -2)  # FLOP per byte: a bf16 batch of B does B, so the batch it turns at
-FITTED = memory_bound_rows(gpu_clock())  # the fitted clock's turn (the H100 model page): another clock, another batch
 COSTS = [  # (cost, what sets it, colour, techniques acting on it with their chapters)
     ("per-call overhead", "calls x the cost of a call\n(numpy calls; kernel launches)", "#e8e8e8",
      ["fewer, fused calls: the lean path (12)", "CUDA graphs on a GPU: a step replayed in one launch or a few (12)"]),
@@ -34,7 +32,7 @@ COSTS = [  # (cost, what sets it, colour, techniques acting on it with their cha
       "fewer bits per weight: 4-bit or fp8 weights, fewer bytes per read (11)"]),
     ("K/V bytes", "each sequence's cache at its\ncurrent length, read at every step", "#fbe3c8",
      ["fewer K/V heads: GQA, MQA (5)", "fewer bits per value: KV quantization (7)"]),
-    ("FLOPs", f"2 per weight per token, plus attention;\nnearly free on a GPU below a bf16 batch\nof ~{RIDGE:.0f} (data sheet; fitted clock: {FITTED})",
+    ("FLOPs", f"2 per weight per token, plus attention;\nnearly free on a GPU below a\nbf16 batch of ~{RIDGE:.0f} (data sheet)",
      "#dcefd9", ["the KV cache: the past is not recomputed; without it, every step is a prefill of all "
                  "the tokens so far (3)",
                  "prefix caching: a shared prompt is computed once (3, 8)"]),
@@ -111,7 +109,7 @@ def draw():
     ax.set_xlim(0, WIDTH)
     ax.set_ylim(0, total)
     ax.add_patch(plt.Rectangle((0.08, 0.08), WIDTH - 0.16, total - 0.16, facecolor="#fafafa", edgecolor="0.55", ls="--"))
-    ax.text(0.2, total - 0.2, wrap(SCHEDULER, 92), fontsize=SMALL, color="0.25", va="top", style="italic")
+    ax.text(0.2, total - 0.2, wrap(SCHEDULER, 86), fontsize=SMALL, color="0.25", va="top", style="italic")
     ax.text(0.3, total - 0.78, "one decode step: one new token for each sequence", fontsize=TITLE, weight="bold", va="top")
     ax.text(0.3, total - 1.15, "simplified: time ≈ calls x overhead\n"
             "                   + max(weight bytes / bandwidth, weight FLOPs / peak FLOP/s)\n"
